@@ -1,0 +1,135 @@
+"""Command line: `longroute simulate` (more verbs come with the gateway)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from longroute.config import ConfigError
+from longroute.registry import RegistryError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="longroute: routing, queueing and context reuse for long-context LLM serving.",
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Keeps `simulate` a subcommand even while it is the only one."""
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code=2)
+
+
+def _print_list(console: Console) -> None:
+    from longroute.estimators.profiles import hardware_profile_names, model_profile_names
+    from longroute.routing import ROUTERS
+    from longroute.sim.scenario import builtin_scenario_names
+    from longroute.workloads.registry import WORKLOADS
+
+    console.print("[bold]scenarios:[/] " + ", ".join(builtin_scenario_names()))
+    console.print("[bold]routers:[/] " + ", ".join(ROUTERS.names()))
+    console.print("[bold]workloads:[/] " + ", ".join(WORKLOADS.names()))
+    console.print("[bold]model profiles:[/] " + ", ".join(model_profile_names()))
+    console.print("[bold]hardware profiles:[/] " + ", ".join(hardware_profile_names()))
+
+
+@app.command()
+def simulate(
+    scenario: Annotated[
+        str, typer.Option(help="Built-in scenario name or a scenario YAML file.")
+    ] = "default",
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Replay this trace (Mooncake JSONL, Azure CSV or native JSONL) "
+            "instead of the scenario's workload, at its own timestamps."
+        ),
+    ] = None,
+    routers: Annotated[
+        str | None, typer.Option(help="Comma-separated routers to compare (default: all).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Report folder (default: reports/<scenario>).")
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object on stdout, nothing else.")
+    ] = False,
+    no_report: Annotated[bool, typer.Option(help="Do not write the report folder.")] = False,
+    list_all: Annotated[
+        bool, typer.Option("--list", help="List scenarios, routers and profiles.")
+    ] = False,
+) -> None:
+    """Simulate a fleet under a workload, once per router, and compare them."""
+    console = Console(stderr=json_output)
+    if list_all:
+        _print_list(console)
+        return
+    from longroute.metrics.report import summary_json, summary_table, write_report
+    from longroute.metrics.summary import summarize
+    from longroute.sim.scenario import load_scenario, run_scenario
+    from longroute.workloads.traces import TraceError
+
+    router_names = [r.strip() for r in routers.split(",") if r.strip()] if routers else None
+    try:
+        config = load_scenario(scenario)
+        names = router_names or config.routers
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} routers"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=not sys.stderr.isatty(),
+        )
+        with progress:
+            from longroute.routing import ROUTERS
+
+            total = len(names or ROUTERS.names())
+            task = progress.add_task(f"simulating {config.name}", total=total)
+            run = run_scenario(
+                config,
+                seed=seed,
+                routers=router_names,
+                trace=trace,
+                on_router_done=lambda _name: progress.advance(task),
+            )
+    except (ConfigError, RegistryError, TraceError, ValueError, LookupError) as exc:
+        raise _fail(str(exc)) from None
+    name = config.name if trace is None else f"{config.name}+{trace.name}"
+    summaries = {r: summarize(res.records, duration_s=None) for r, res in run.results.items()}
+    if json_output:
+        sys.stdout.write(summary_json(name, run.seed, summaries) + "\n")
+    else:
+        console.print(
+            summary_table(
+                summaries, title=f"{name} (seed {run.seed}, {run.workload.num_requests} requests)"
+            )
+        )
+    if not no_report:
+        folder = out or Path("reports") / config.name
+        records = {r: res.records for r, res in run.results.items()}
+        paths = write_report(
+            folder, scenario=name, seed=run.seed, summaries=summaries, records_by_router=records
+        )
+        if not json_output:
+            console.print(f"report: {folder} ({len(paths)} files)")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

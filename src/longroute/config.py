@@ -1,0 +1,161 @@
+"""Configuration as validated data: one model per component, loaded from YAML.
+
+Every field has a default or is required, and carries help text. Unknown
+keys are errors (a typo must not pass silently); messages name the file and
+the dotted path of the bad field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message says where."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NetworkConfig(_Model):
+    router_region: str = Field(description="Region the router (gateway) runs in.")
+    rtt_ms: dict[str, dict[str, float]] = Field(
+        description="Round-trip times in ms between regions; the matrix is made symmetric "
+        "and the diagonal defaults to 1 ms."
+    )
+    jitter_sigma: float = Field(0.0, ge=0, description="Lognormal sigma of per-request RTT.")
+    peak_probability: float = Field(0.0, ge=0, le=1, description="Chance of an RTT peak.")
+    peak_multiplier: float = Field(1.0, ge=1, description="RTT multiple during a peak.")
+
+    @model_validator(mode="after")
+    def _complete_matrix(self) -> NetworkConfig:
+        regions = set(self.rtt_ms) | {r for row in self.rtt_ms.values() for r in row}
+        full: dict[str, dict[str, float]] = {r: {} for r in regions}
+        for a, row in self.rtt_ms.items():
+            for b, v in row.items():
+                if v < 0:
+                    raise ValueError(f"rtt_ms.{a}.{b} must be >= 0, got {v}")
+                full[a][b] = v
+                full[b].setdefault(a, v)
+        for r in regions:
+            full[r].setdefault(r, 1.0)
+        if self.router_region not in regions:
+            raise ValueError(
+                f"router_region {self.router_region!r} not in rtt_ms regions {sorted(regions)}"
+            )
+        object.__setattr__(self, "rtt_ms", full)
+        return self
+
+
+class EndpointGroupConfig(_Model):
+    name: str = Field(description="Endpoint name; replicas get -0, -1, ... suffixes.")
+    model: str = Field(description="Model profile name (see `longroute simulate --list`).")
+    hardware: str = Field(description="Hardware profile name.")
+    region: str = Field(description="Region the replicas run in.")
+    replicas: int = Field(1, ge=1, description="Number of identical replicas.")
+    num_gpus: int = Field(1, ge=1, description="GPUs per replica (tensor parallel).")
+    max_num_seqs: int = Field(256, ge=1, description="Max running sequences per engine.")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per iteration.")
+    block_size_tokens: int = Field(16, ge=1, description="KV cache block size.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU memory share.")
+
+
+class WorkloadConfig(_Model):
+    generator: str | None = Field(None, description="Registered workload generator name.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Generator knobs.")
+    trace: str | None = Field(None, description="Trace file (Mooncake, Azure or native).")
+    format: str | None = Field(None, description="Trace format; auto-detected when absent.")
+    limit: int | None = Field(None, ge=1, description="Use only the first N sessions.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadConfig:
+        if (self.generator is None) == (self.trace is None):
+            raise ValueError("give exactly one of 'generator' or 'trace'")
+        return self
+
+
+class ClientConfig(_Model):
+    kind: Literal["open", "closed"] = Field("open", description="Open or closed loop.")
+    arrival: Literal["poisson", "gamma", "trace"] = Field(
+        "poisson", description="Open-loop arrival process."
+    )
+    rate_per_s: float | None = Field(None, gt=0, description="Sessions started per second.")
+    cv: float = Field(1.0, gt=0, description="Coefficient of variation of gamma gaps.")
+    num_users: int | None = Field(None, ge=1, description="Closed-loop concurrent users.")
+    think_time_s: float = Field(0.0, ge=0, description="Closed-loop pause between sessions.")
+    time_scale: float = Field(1.0, gt=0, description="Multiplies trace timestamps.")
+
+
+class SLOConfig(_Model):
+    ttft_s: float | None = Field(None, gt=0, description="Time-to-first-token objective.")
+    e2e_s: float | None = Field(None, gt=0, description="End-to-end latency objective.")
+    tpot_s: float | None = Field(None, gt=0, description="Time-per-output-token objective.")
+
+
+class ScenarioConfig(_Model):
+    name: str = Field(description="Scenario name, shown in reports.")
+    description: str = Field("", description="One paragraph on what it models.")
+    seed: int = Field(0, description="Seed of every random draw.")
+    network: NetworkConfig
+    fleet: list[EndpointGroupConfig] = Field(min_length=1)
+    workload: WorkloadConfig
+    clients: ClientConfig = Field(default_factory=lambda: ClientConfig())
+    routers: list[str] | None = Field(None, description="Routers to compare (None = all).")
+    router_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-router parameters by router name."
+    )
+    queue_policy: str = Field("fcfs", description="Engine queue policy.")
+    batch_packer: str = Field("token-budget", description="Engine batch packer.")
+    is_prefix_caching: bool = Field(True, description="Engines cache prompt prefixes.")
+    scrape_interval_s: float | None = Field(
+        1.0, gt=0, description="How often the router sees engine stats (None = never)."
+    )
+    prefix_index_capacity_blocks: int = Field(
+        200_000, ge=1, description="Router-side prefix index bound per endpoint."
+    )
+    slo: SLOConfig | None = Field(None, description="Default SLO of every request.")
+
+    @model_validator(mode="after")
+    def _regions_known(self) -> ScenarioConfig:
+        for group in self.fleet:
+            if group.region not in self.network.rtt_ms:
+                raise ValueError(
+                    f"fleet {group.name!r}: region {group.region!r} has no RTT; "
+                    f"regions: {sorted(self.network.rtt_ms)}"
+                )
+        return self
+
+
+def _format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid scenario"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_scenario(data: object, source: str) -> ScenarioConfig:
+    """Validate a mapping (parsed YAML) into a ScenarioConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a scenario must be a mapping, got {type(data).__name__}")
+    try:
+        return ScenarioConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from None
+
+
+def load_scenario_file(path: Path) -> ScenarioConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read scenario: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_scenario(data, str(path))

@@ -1,0 +1,313 @@
+"""Human- and machine-readable reports comparing routers on one scenario.
+
+Called once at the end of a simulator or load-generator run, with one summary
+(from ``longroute.metrics.summary.summarize``) and one record list per router.
+Router order is the caller's mapping order everywhere (table rows, CSV rows,
+legend entries), so equal inputs give byte-identical JSON and CSV output.
+matplotlib is imported lazily, and figures are drawn on an explicit Agg canvas
+(never through pyplot), so importing this module has no side effects and the
+global matplotlib backend is left alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from operator import attrgetter
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from rich.markup import escape
+from rich.table import Table
+
+from longroute.metrics.records import RequestRecord
+from longroute.metrics.summary import requests_per_endpoint
+from longroute.types import SLO
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SummaryMap = Mapping[str, Mapping[str, float | int | None]]
+Better = Literal["lower", "higher"] | None
+
+MISSING = "—"
+BEST_STYLE = "bold green"
+_RESERVED_JSON_KEYS = frozenset({"scenario", "seed", "routers"})
+#: Most points drawn per CDF line; more than a figure's pixel resolution.
+CDF_MAX_POINTS = 4000
+
+
+def format_seconds(value: float | int | None) -> str:
+    """Durations below one second in ms (1 decimal), longer ones in s (2 decimals)."""
+    if value is None:
+        return MISSING
+    if abs(value) < 1.0:
+        return f"{value * 1000.0:.1f} ms"
+    return f"{value:.2f} s"
+
+
+def format_percent(value: float | int | None) -> str:
+    """A ratio in [0, 1] as a percentage with one decimal."""
+    return MISSING if value is None else f"{value * 100.0:.1f}%"
+
+
+def format_rate(value: float | int | None) -> str:
+    return MISSING if value is None else f"{value:.2f} req/s"
+
+
+def format_count(value: float | int | None) -> str:
+    return MISSING if value is None else f"{int(value)}"
+
+
+# (header, summary key, formatter, which direction is better)
+_COLUMNS: tuple[tuple[str, str, Callable[[float | int | None], str], Better], ...] = (
+    ("requests", "num_requests", format_count, None),
+    ("TTFT p50", "ttft_p50_s", format_seconds, "lower"),
+    ("TTFT p95", "ttft_p95_s", format_seconds, "lower"),
+    ("TTFT p99", "ttft_p99_s", format_seconds, "lower"),
+    ("TPOT p50", "tpot_p50_s", format_seconds, "lower"),
+    ("E2E p50", "e2e_p50_s", format_seconds, "lower"),
+    ("E2E p95", "e2e_p95_s", format_seconds, "lower"),
+    ("E2E p99", "e2e_p99_s", format_seconds, "lower"),
+    ("throughput", "throughput_req_per_s", format_rate, "higher"),
+    ("cache hit", "cache_hit_ratio", format_percent, "higher"),
+    ("SLO", "slo_attainment", format_percent, "higher"),
+    ("load conc.", "load_concentration", format_percent, "lower"),
+)
+
+
+def _column_value(summaries: SummaryMap, router: str, key: str) -> float | int | None:
+    summary = summaries[router]
+    if key not in summary:
+        raise ValueError(f"summary of router {router!r} has no key {key!r}")
+    return summary[key]
+
+
+def _best(values: Sequence[float | int | None], better: Better) -> float | int | None:
+    """Best value of a column; None if fewer than two routers have a value to compare."""
+    present = [v for v in values if v is not None]
+    if better is None or len(present) < 2:
+        return None
+    return min(present) if better == "lower" else max(present)
+
+
+def summary_table(summaries: SummaryMap, *, title: str) -> Table:
+    """One row per router; the best value of each comparable column in bold green.
+
+    Latencies and load concentration: lower is better; throughput, cache hit
+    ratio and SLO attainment: higher is better. Ties are all highlighted; a
+    column with fewer than two values highlights nothing. Missing data is "—".
+    """
+    table = Table(title=title)
+    table.add_column("router", style="bold")
+    for header, _, _, _ in _COLUMNS:
+        table.add_column(header, justify="right")
+    routers = list(summaries)
+    cells: dict[str, list[str]] = {router: [escape(router)] for router in routers}
+    for _, key, fmt, better in _COLUMNS:
+        values = [_column_value(summaries, router, key) for router in routers]
+        best = _best(values, better)
+        for router, value in zip(routers, values, strict=True):
+            text = fmt(value)
+            is_best = best is not None and value == best
+            cells[router].append(f"[{BEST_STYLE}]{text}[/]" if is_best else text)
+    for router in routers:
+        table.add_row(*cells[router])
+    return table
+
+
+def summary_json(scenario: str, seed: int, summaries: SummaryMap) -> str:
+    """The one-line JSON printed for ``--json``; byte-identical for equal inputs."""
+    payload = {"scenario": scenario, "seed": seed, "routers": _plain(summaries)}
+    return json.dumps(payload, sort_keys=True, allow_nan=False)
+
+
+def _plain(summaries: SummaryMap) -> dict[str, dict[str, float | int | None]]:
+    return {router: dict(summary) for router, summary in summaries.items()}
+
+
+def write_report(
+    out_dir: Path,
+    *,
+    scenario: str,
+    seed: int,
+    summaries: SummaryMap,
+    records_by_router: Mapping[str, Sequence[RequestRecord]],
+    extra: Mapping[str, object] | None = None,
+) -> list[Path]:
+    """Write summary.json, requests.csv and three PNG plots into ``out_dir``.
+
+    ``summaries`` and ``records_by_router`` must name the same routers, and
+    every record must carry the router it is filed under. ``extra`` adds
+    top-level keys to summary.json (not "scenario", "seed" or "routers").
+    Returns the written paths in the order listed above.
+    """
+    _check_routers(summaries, records_by_router)
+    payload: dict[str, object] = {"scenario": scenario, "seed": seed}
+    payload["routers"] = _plain(summaries)
+    if extra is not None:
+        clash = sorted(_RESERVED_JSON_KEYS.intersection(extra))
+        if clash:
+            raise ValueError(
+                f"extra keys {clash} clash with reserved keys {sorted(_RESERVED_JSON_KEYS)}"
+            )
+        payload.update(extra)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "summary.json"
+    text = json.dumps(payload, sort_keys=True, indent=2, allow_nan=False)
+    json_path.write_text(text + "\n", encoding="utf-8")
+    paths = [json_path, _write_csv(out_dir / "requests.csv", records_by_router)]
+    paths.append(_cdf_plot(out_dir / "ttft_cdf.png", scenario, "TTFT", _ttft, records_by_router))
+    paths.append(
+        _cdf_plot(out_dir / "e2e_cdf.png", scenario, "E2E latency", _e2e, records_by_router)
+    )
+    paths.append(_endpoint_plot(out_dir / "per_endpoint.png", scenario, records_by_router))
+    return paths
+
+
+def _check_routers(
+    summaries: SummaryMap, records_by_router: Mapping[str, Sequence[RequestRecord]]
+) -> None:
+    """Raise before anything is written if the inputs disagree on router names."""
+    if set(summaries) != set(records_by_router):
+        raise ValueError(
+            f"summaries name routers {sorted(summaries)} but records_by_router names "
+            f"{sorted(records_by_router)}"
+        )
+    for router, records in records_by_router.items():
+        for record in records:
+            if record.router != router:
+                raise ValueError(
+                    f"record {record.request_id!r} of router {record.router!r} "
+                    f"is filed under router {router!r}"
+                )
+
+
+_SLO_FIELDS = tuple(f.name for f in fields(SLO))
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord) if f.name not in ("router", "slo"))
+CSV_COLUMNS: tuple[str, ...] = (
+    "router",
+    *_RECORD_FIELDS,
+    *(f"slo_{name}" for name in _SLO_FIELDS),
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+)
+
+
+_get_record_fields = attrgetter(*_RECORD_FIELDS)
+_get_slo_fields = attrgetter(*_SLO_FIELDS)
+_NO_SLO: tuple[None, ...] = (None,) * len(_SLO_FIELDS)
+
+
+def _csv_row(record: RequestRecord) -> tuple[object, ...]:
+    slo = record.slo
+    return (
+        record.router,
+        *_get_record_fields(record),
+        *(_NO_SLO if slo is None else _get_slo_fields(slo)),
+        record.ttft_s,
+        record.tpot_s,
+        record.e2e_s,
+    )
+
+
+def _write_csv(path: Path, records_by_router: Mapping[str, Sequence[RequestRecord]]) -> Path:
+    """One row per record (None as an empty cell), routers in mapping order."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for records in records_by_router.values():
+            writer.writerows(map(_csv_row, records))
+    return path
+
+
+def _new_figure(width_in: float, height_in: float) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
+def _ttft(record: RequestRecord) -> float:
+    return record.ttft_s
+
+
+def _e2e(record: RequestRecord) -> float:
+    return record.e2e_s
+
+
+def _cdf_plot(
+    path: Path,
+    scenario: str,
+    metric: str,
+    latency_s: Callable[[RequestRecord], float],
+    records_by_router: Mapping[str, Sequence[RequestRecord]],
+) -> Path:
+    """Empirical CDF of one latency, one step line per router, log-x."""
+    import numpy as np
+
+    fig = _new_figure(8.0, 5.0)
+    ax = fig.add_subplot()
+    has_data = False
+    for router, records in records_by_router.items():
+        values = np.sort(np.fromiter(map(latency_s, records), dtype=np.float64))
+        if values.size == 0:
+            ax.plot([], [], label=f"{router} (no data)")
+            continue
+        has_data = True
+        ranks = np.arange(1, values.size + 1, dtype=np.float64)
+        if values.size > CDF_MAX_POINTS:  # thin out; keeps min, max and every 1/k-th rank
+            keep = np.unique(np.linspace(0, values.size - 1, CDF_MAX_POINTS).round().astype(int))
+            values, ranks = values[keep], ranks[keep]
+        ax.step(values, ranks / ranks[-1], where="post", label=f"{router} (n={int(ranks[-1])})")
+    if has_data:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{metric} (s, log scale)")
+    ax.set_ylabel("fraction of requests ≤ x")
+    ax.set_ylim(0.0, 1.02)
+    ax.set_title(f"{scenario}: {metric} CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, path)
+
+
+def _endpoint_plot(
+    path: Path, scenario: str, records_by_router: Mapping[str, Sequence[RequestRecord]]
+) -> Path:
+    """Grouped bars: requests per endpoint (x), one bar per router."""
+    counts = {router: requests_per_endpoint(recs) for router, recs in records_by_router.items()}
+    endpoints = sorted({name for per in counts.values() for name in per})
+    num_routers = max(len(counts), 1)
+    width_in = min(max(8.0, 0.25 * len(endpoints) * num_routers + 2.0), 30.0)
+    fig = _new_figure(width_in, 5.0)
+    ax = fig.add_subplot()
+    bar_width = 0.8 / num_routers
+    positions = list(range(len(endpoints)))
+    for i, (router, per) in enumerate(counts.items()):
+        offset = (i - (num_routers - 1) / 2.0) * bar_width
+        heights = [per.get(name, 0) for name in endpoints]
+        ax.bar([p + offset for p in positions], heights, width=bar_width, label=router)
+    is_crowded = len(endpoints) > 6
+    ax.set_xticks(
+        positions,
+        endpoints,
+        rotation=45 if is_crowded else 0,
+        ha="right" if is_crowded else "center",
+    )
+    ax.set_xlabel("endpoint")
+    ax.set_ylabel("requests")
+    ax.set_title(f"{scenario}: requests per endpoint")
+    ax.grid(True, axis="y", alpha=0.3)
+    if counts:
+        ax.legend()
+    return _save(fig, path)

@@ -1,0 +1,33 @@
+"""First come, first served: O(1) push, peek and pop on a deque."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from longroute.queueing.base import QUEUE_POLICIES
+
+
+@QUEUE_POLICIES.register("fcfs")
+class FCFSQueue:
+    """Arrival order; preempted items return to the front (vLLM's behaviour)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+
+    def push(self, item: Any, now_s: float) -> None:
+        self._items.append(item)
+
+    def push_front(self, item: Any, now_s: float) -> None:
+        self._items.appendleft(item)
+
+    def peek(self, now_s: float) -> Any | None:
+        return self._items[0] if self._items else None
+
+    def pop(self, now_s: float) -> Any:
+        return self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,39 @@
+"""Routers: the seam (``base``), the fleet view, and the built-in routers.
+
+Importing this package registers every built-in router in :data:`ROUTERS`,
+so ``ROUTERS.build("least-load")`` works right after ``import longroute.routing``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from longroute.routing.base import ROUTERS, BaseRouter, NoCandidateError, Router, pick_min
+
+BUILTIN_ROUTER_MODULES = (
+    "longroute.routing.random_router",
+    "longroute.routing.round_robin",
+    "longroute.routing.least_request",
+    "longroute.routing.least_load",
+    "longroute.routing.session_affinity",
+    "longroute.routing.prefix_cache",
+)
+
+
+def load_builtin_routers() -> None:
+    """Import the built-in router modules so they register; safe to call any number of times."""
+    for module in BUILTIN_ROUTER_MODULES:
+        importlib.import_module(module)
+
+
+load_builtin_routers()
+
+__all__ = [
+    "BUILTIN_ROUTER_MODULES",
+    "ROUTERS",
+    "BaseRouter",
+    "NoCandidateError",
+    "Router",
+    "load_builtin_routers",
+    "pick_min",
+]

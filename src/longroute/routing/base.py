@@ -1,0 +1,68 @@
+"""The router seam.
+
+A router is called once per request attempt:
+
+* ``route(request, fleet, now_s)`` picks an endpoint among
+  ``fleet.candidates(request)`` and returns a :class:`RouteDecision` with the
+  per-endpoint scores that explain the choice. It must not do I/O or read a
+  wall clock; randomness comes only from the ``rng`` given at construction.
+* ``on_dispatch`` is called right after the request was sent to the chosen
+  endpoint, ``on_complete`` when its last token came back (or it failed).
+  They update router-side state (e.g. learned weights); the fleet view's own
+  counters and prefix index are updated by its owner, not by routers.
+
+The same router objects run in the simulator and the gateway.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+from longroute.registry import Registry
+from longroute.routing.fleet_view import FleetView
+from longroute.types import Request, RouteDecision
+
+
+class NoCandidateError(LookupError):
+    """No endpoint can serve the request (model unknown or all unhealthy)."""
+
+
+class Router(Protocol):
+    name: str
+
+    def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision: ...
+
+    def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None: ...
+
+    def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None: ...
+
+
+class BaseRouter:
+    """Convenience base: no-op hooks and an injected RNG."""
+
+    name = "base"
+
+    def __init__(self, *, rng: random.Random | None = None) -> None:
+        self.rng = rng if rng is not None else random.Random(0)
+
+    def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
+        return None
+
+    def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
+        return None
+
+
+ROUTERS: Registry[Router] = Registry("router")
+
+
+def pick_min(scores: dict[str, float]) -> str:
+    """The endpoint with the lowest score; ties go to the first in fleet order."""
+    best_name = ""
+    best = float("inf")
+    for name, score in scores.items():
+        if score < best:
+            best, best_name = score, name
+    if not best_name:
+        raise NoCandidateError("no candidate endpoint to choose from")
+    return best_name

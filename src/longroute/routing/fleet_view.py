@@ -1,0 +1,124 @@
+"""FleetView: what a router may know about the fleet, kept by its owner.
+
+The simulator and the gateway each own one FleetView. They call the
+``record_*`` / ``set_*`` methods as things happen; routers only read
+(``candidates``, ``state``, ``prefix_index``). Snapshots (``EndpointState``)
+are rebuilt only for the endpoint that changed, so a routing decision costs
+O(number of candidates) and allocates nothing per endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from longroute.prefix.router_index import RouterPrefixIndex
+from longroute.types import Endpoint, EndpointState, Request
+
+AUTO_MODEL = "auto"
+
+
+class FleetView:
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        rtt_ms: dict[str, float] | None = None,
+        prefix_capacity_blocks: int = 1_000_000,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("a fleet needs at least one endpoint")
+        names = [e.name for e in endpoints]
+        if len(set(names)) != len(names):
+            raise ValueError(f"endpoint names must be unique, got {names}")
+        self.endpoints: tuple[Endpoint, ...] = tuple(endpoints)
+        self._by_name = {e.name: e for e in endpoints}
+        self._states: dict[str, EndpointState] = {
+            e.name: EndpointState(endpoint=e, rtt_ms=(rtt_ms or {}).get(e.name, 0.0))
+            for e in endpoints
+        }
+        self._by_model: dict[str, tuple[str, ...]] = {}
+        for e in endpoints:
+            self._by_model[e.model] = (*self._by_model.get(e.model, ()), e.name)
+        self._all_names = tuple(names)
+        self.prefix_index = RouterPrefixIndex(
+            [e.name for e in endpoints], capacity_blocks_per_endpoint=prefix_capacity_blocks
+        )
+
+    # ---- reads (routers) -------------------------------------------------
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self._by_model)
+
+    def endpoint(self, name: str) -> Endpoint:
+        return self._by_name[name]
+
+    def state(self, name: str) -> EndpointState:
+        return self._states[name]
+
+    def candidates(self, request: Request) -> list[EndpointState]:
+        """Healthy endpoints that serve the requested model (any model for None/"auto")."""
+        if request.model is None or request.model == AUTO_MODEL:
+            names = self._all_names
+        else:
+            names = self._by_model.get(request.model, ())
+            if not names:
+                from longroute.routing.base import NoCandidateError
+
+                raise NoCandidateError(
+                    f"no endpoint serves model {request.model!r}; "
+                    f"served: {', '.join(sorted(self._by_model))}"
+                )
+        states = self._states
+        healthy = [states[n] for n in names if states[n].is_healthy]
+        if not healthy:
+            from longroute.routing.base import NoCandidateError
+
+            raise NoCandidateError(f"no healthy endpoint for model {request.model!r}")
+        return healthy
+
+    # ---- writes (owner) --------------------------------------------------
+    def record_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
+        s = self._states[endpoint]
+        self._states[endpoint] = replace(
+            s,
+            num_inflight_requests=s.num_inflight_requests + 1,
+            num_inflight_prompt_tokens=s.num_inflight_prompt_tokens + request.num_prompt_tokens,
+            num_inflight_output_tokens=s.num_inflight_output_tokens + request.num_output_tokens,
+        )
+        if request.block_hashes:
+            self.prefix_index.insert(request.block_hashes, endpoint, now_s)
+
+    def record_prefill_done(self, request: Request, endpoint: str) -> None:
+        """The endpoint no longer owes this request's prompt tokens."""
+        s = self._states[endpoint]
+        self._states[endpoint] = replace(
+            s, num_inflight_prompt_tokens=s.num_inflight_prompt_tokens - request.num_prompt_tokens
+        )
+
+    def record_complete(self, request: Request, endpoint: str, is_prefill_counted: bool) -> None:
+        """The request left the endpoint; ``is_prefill_counted`` if its prompt is still owed."""
+        s = self._states[endpoint]
+        prompt = request.num_prompt_tokens if is_prefill_counted else 0
+        self._states[endpoint] = replace(
+            s,
+            num_inflight_requests=s.num_inflight_requests - 1,
+            num_inflight_prompt_tokens=s.num_inflight_prompt_tokens - prompt,
+            num_inflight_output_tokens=s.num_inflight_output_tokens - request.num_output_tokens,
+        )
+
+    def set_rtt(self, endpoint: str, rtt_ms: float) -> None:
+        self._states[endpoint] = replace(self._states[endpoint], rtt_ms=rtt_ms)
+
+    def set_health(self, endpoint: str, is_healthy: bool) -> None:
+        self._states[endpoint] = replace(self._states[endpoint], is_healthy=is_healthy)
+
+    def set_engine_stats(
+        self, endpoint: str, num_waiting: int, num_running: int, kv_usage: float, age_s: float
+    ) -> None:
+        self._states[endpoint] = replace(
+            self._states[endpoint],
+            engine_num_waiting=num_waiting,
+            engine_num_running=num_running,
+            engine_kv_usage=kv_usage,
+            engine_stats_age_s=age_s,
+        )

@@ -1,0 +1,45 @@
+"""The batch-formation seam: how many tokens each sequence gets this iteration.
+
+The engine walks running sequences, then waiting ones, and asks the packer
+for each: ``grant(seq, num_wanted_tokens)`` returns how many of them fit
+(0 = the batch is full). ``begin`` starts a new iteration. The token-budget
+packer is vLLM's/Sarathi's rule; Medha's time-budget packer (binary search of
+the chunk by the runtime predictor) plugs in here later.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from longroute.registry import Registry
+from longroute.sim.sequence import Sequence
+
+
+class BatchPacker(Protocol):
+    def begin(self, now_s: float) -> None: ...
+
+    def grant(self, seq: Sequence, num_wanted_tokens: int) -> int: ...
+
+
+BATCH_PACKERS: Registry[BatchPacker] = Registry("batch packer")
+
+
+@BATCH_PACKERS.register("token-budget")
+class TokenBudgetPacker:
+    """At most ``max_num_batched_tokens`` new tokens (prefill + decode) per iteration."""
+
+    __slots__ = ("_left", "max_num_batched_tokens")
+
+    def __init__(self, max_num_batched_tokens: int = 8192) -> None:
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._left = max_num_batched_tokens
+
+    def begin(self, now_s: float) -> None:
+        self._left = self.max_num_batched_tokens
+
+    def grant(self, seq: Sequence, num_wanted_tokens: int) -> int:
+        n = num_wanted_tokens if num_wanted_tokens < self._left else self._left
+        self._left -= n
+        return n

@@ -1,0 +1,64 @@
+"""An engine's mutable record of one request it is serving (engine-owned)."""
+
+from __future__ import annotations
+
+from longroute.types import Request
+
+
+class Sequence:
+    """Progress of one request inside one engine.
+
+    ``target_tokens`` is what prefill must reach: the prompt, or after a
+    recompute-preemption the prompt plus the tokens generated so far.
+    ``num_computed_tokens`` are in the KV cache; ``num_pinned_blocks`` of them
+    are shared prefix-cache blocks, the rest are private, allocated in KV
+    blocks (``num_private_alloc_tokens``, a multiple of the KV block size).
+    """
+
+    __slots__ = (
+        "arrival_s",
+        "first_token_s",
+        "hashes",
+        "is_matched",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_generated",
+        "num_output_tokens",
+        "num_pinned_blocks",
+        "num_preemptions",
+        "num_private_alloc_tokens",
+        "num_prompt_tokens",
+        "request",
+        "tag",
+        "target_tokens",
+    )
+
+    def __init__(self, request: Request, arrival_s: float, tag: object = None) -> None:
+        self.request = request
+        self.arrival_s = arrival_s
+        self.tag = tag
+        self.hashes = request.block_hashes
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.num_output_tokens = request.num_output_tokens
+        # an engine always computes at least one prompt token before sampling
+        self.target_tokens = max(1, request.num_prompt_tokens)
+        self.num_computed_tokens = 0
+        self.num_generated = 0
+        self.num_pinned_blocks = 0
+        self.num_private_alloc_tokens = 0
+        self.num_cached_tokens: int | None = None
+        self.num_preemptions = 0
+        self.first_token_s: float | None = None
+        self.is_matched = False
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.target_tokens
+
+    @property
+    def num_remaining_prefill_tokens(self) -> int:
+        return self.target_tokens - self.num_computed_tokens
+
+    @property
+    def num_remaining_output_tokens(self) -> int:
+        return self.num_output_tokens - self.num_generated

@@ -1,0 +1,253 @@
+"""One simulated run: clients -> router -> network -> engines -> records.
+
+The router is called with the simulator's FleetView exactly as the gateway
+calls it. Everything random draws from generators seeded by ``seed``, so a
+run is a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from longroute.estimators.runtime import RuntimePredictor
+from longroute.metrics.records import RequestRecord
+from longroute.queueing.base import QUEUE_POLICIES
+from longroute.routing.base import Router
+from longroute.routing.fleet_view import FleetView
+from longroute.sim.batching import BATCH_PACKERS
+from longroute.sim.clients import ClientSpec, open_loop_starts
+from longroute.sim.engine import EngineModel
+from longroute.sim.events import EventLoop
+from longroute.sim.network import Network
+from longroute.sim.sequence import Sequence as EngineSeq
+from longroute.types import SLO, Endpoint, Request
+from longroute.workloads.types import Session, Workload
+
+RTT_EWMA_ALPHA = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    queue_policy: str = "fcfs"
+    batch_packer: str = "token-budget"
+    is_prefix_caching: bool = True
+    scrape_interval_s: float | None = 1.0
+    prefix_index_capacity_blocks: int = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    router: str
+    records: tuple[RequestRecord, ...]
+    sim_end_s: float
+    num_events: int
+    num_iterations: int
+    num_preemptions: int
+
+
+class _Flight:
+    """Client-side state of one request in flight."""
+
+    __slots__ = (
+        "dispatch_s",
+        "endpoint",
+        "first_token_s",
+        "request",
+        "rtt_s",
+        "session",
+        "turn_index",
+        "user",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        session: Session,
+        turn_index: int,
+        endpoint: str,
+        rtt_s: float,
+        user: int | None,
+    ) -> None:
+        self.request = request
+        self.session = session
+        self.turn_index = turn_index
+        self.endpoint = endpoint
+        self.rtt_s = rtt_s
+        self.dispatch_s = request.arrival_s
+        self.first_token_s: float | None = None
+        self.user = user
+
+
+class Simulation:
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        predictors: Mapping[str, RuntimePredictor],
+        network: Network,
+        router: Router,
+        workload: Workload,
+        clients: ClientSpec,
+        *,
+        seed: int = 0,
+        options: EngineOptions | None = None,
+        default_slo: SLO | None = None,
+        router_name: str | None = None,
+    ) -> None:
+        self.options = options or EngineOptions()
+        self.loop = EventLoop()
+        self.network = network
+        self.router = router
+        self.workload = workload
+        self.clients = clients
+        self.default_slo = default_slo
+        self.router_name: str = router_name or str(getattr(router, "name", type(router).__name__))
+        self._rng = random.Random(seed)
+        base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
+        self.fleet = FleetView(
+            endpoints, base_rtt, prefix_capacity_blocks=self.options.prefix_index_capacity_blocks
+        )
+        self.engines: dict[str, EngineModel] = {}
+        for e in endpoints:
+            self.engines[e.name] = EngineModel(
+                e,
+                predictors[e.name],
+                self.loop,
+                self,
+                queue=QUEUE_POLICIES.build(self.options.queue_policy),
+                packer=BATCH_PACKERS.build(
+                    self.options.batch_packer, max_num_batched_tokens=e.max_num_batched_tokens
+                ),
+                prefix_block_tokens=workload.block_size_tokens,
+                is_prefix_caching=self.options.is_prefix_caching,
+            )
+        self._rtt_ewma_ms = dict(base_rtt)
+        self._records: list[RequestRecord] = []
+        self._pending_sessions: list[Session] = []
+        self._next_session = 0
+
+    # ---- driving -------------------------------------------------------
+    def run(self) -> SimResult:
+        if self.clients.kind == "open":
+            for t, session in open_loop_starts(self.clients, self.workload, self._rng):
+                self.loop.at(t, self._issue, (session, 0, None), None)
+        else:
+            assert self.clients.num_users is not None
+            self._pending_sessions = list(self.workload.sessions)
+            for user in range(self.clients.num_users):
+                self._start_next_session(user, 0.0)
+        interval = self.options.scrape_interval_s
+        if interval is not None:
+            self.loop.at(0.0, self._scrape, interval, None)
+        self.loop.run()
+        records = tuple(sorted(self._records, key=lambda r: (r.arrival_s, r.request_id)))
+        return SimResult(
+            router=self.router_name,
+            records=records,
+            sim_end_s=self.loop.now_s,
+            num_events=self.loop.num_events,
+            num_iterations=sum(e.num_iterations for e in self.engines.values()),
+            num_preemptions=sum(e.num_preemptions for e in self.engines.values()),
+        )
+
+    def _start_next_session(self, user: int, t_s: float) -> None:
+        if self._next_session >= len(self._pending_sessions):
+            return
+        session = self._pending_sessions[self._next_session]
+        self._next_session += 1
+        self.loop.at(t_s, self._issue, (session, 0, user), None)
+
+    def _scrape(self, interval_s: float, _: object) -> None:
+        for name, engine in self.engines.items():
+            num_waiting, num_running, kv_usage = engine.stats()
+            self.fleet.set_engine_stats(name, num_waiting, num_running, kv_usage, 0.0)
+        if len(self.loop):  # keep scraping only while something else is pending
+            self.loop.at(self.loop.now_s + interval_s, self._scrape, interval_s, None)
+
+    # ---- one request ---------------------------------------------------
+    def _issue(self, item: tuple[Session, int, int | None], _: object) -> None:
+        session, turn_index, user = item
+        now_s = self.loop.now_s
+        turn = session.turns[turn_index]
+        request = Request(
+            request_id=f"{session.session_id}:{turn_index}",
+            arrival_s=now_s,
+            num_prompt_tokens=turn.num_prompt_tokens,
+            num_output_tokens=turn.num_output_tokens,
+            block_hashes=turn.block_hashes,
+            block_size_tokens=self.workload.block_size_tokens,
+            model=turn.model,
+            language=turn.language,
+            task=turn.task,
+            session_id=session.session_id,
+            slo=turn.slo or self.default_slo,
+        )
+        decision = self.router.route(request, self.fleet, now_s)
+        name = decision.endpoint
+        self.fleet.record_dispatch(request, name, now_s)
+        self.router.on_dispatch(request, name, now_s)
+        endpoint = self.fleet.endpoint(name)
+        rtt_s = self.network.sample_rtt_s(endpoint.region)
+        flight = _Flight(request, session, turn_index, name, rtt_s, user)
+        self.loop.at(now_s + rtt_s / 2, self._reach_engine, flight, None)
+
+    def _reach_engine(self, flight: _Flight, _: object) -> None:
+        self.engines[flight.endpoint].submit(flight.request, self.loop.now_s, flight)
+
+    def on_first_token(self, seq: EngineSeq, t_s: float) -> None:
+        flight: _Flight = seq.tag  # type: ignore[assignment]
+        self.loop.at(t_s + flight.rtt_s / 2, self._first_token_at_client, seq, None)
+
+    def on_finish(self, seq: EngineSeq, t_s: float) -> None:
+        flight: _Flight = seq.tag  # type: ignore[assignment]
+        self.loop.at(t_s + flight.rtt_s / 2, self._finish_at_client, seq, None)
+
+    def _first_token_at_client(self, seq: EngineSeq, _: object) -> None:
+        flight: _Flight = seq.tag  # type: ignore[assignment]
+        flight.first_token_s = self.loop.now_s
+        self.fleet.record_prefill_done(flight.request, flight.endpoint)
+
+    def _finish_at_client(self, seq: EngineSeq, _: object) -> None:
+        flight: _Flight = seq.tag  # type: ignore[assignment]
+        now_s = self.loop.now_s
+        request = flight.request
+        name = flight.endpoint
+        # the first-token event was scheduled earlier for the same or an earlier time
+        assert flight.first_token_s is not None
+        self.fleet.record_complete(request, name, is_prefill_counted=False)
+        self.router.on_complete(request, name, now_s, True)
+        ewma = self._rtt_ewma_ms[name]
+        ewma += RTT_EWMA_ALPHA * (flight.rtt_s * 1000.0 - ewma)
+        self._rtt_ewma_ms[name] = ewma
+        self.fleet.set_rtt(name, ewma)
+        endpoint = self.fleet.endpoint(name)
+        self._records.append(
+            RequestRecord(
+                request_id=request.request_id,
+                session_id=request.session_id,
+                router=self.router_name,
+                endpoint=name,
+                model=endpoint.model,
+                region=endpoint.region,
+                arrival_s=request.arrival_s,
+                dispatch_s=flight.dispatch_s,
+                first_token_s=flight.first_token_s,
+                finish_s=now_s,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_cached_tokens=seq.num_cached_tokens or 0,
+                num_output_tokens=request.num_output_tokens,
+                attempt=request.attempt,
+                num_preemptions=seq.num_preemptions,
+                slo=request.slo,
+            )
+        )
+        self._next_turn(flight, now_s)
+
+    def _next_turn(self, flight: _Flight, now_s: float) -> None:
+        session, index = flight.session, flight.turn_index + 1
+        if index < len(session.turns):
+            think_s = session.turns[index].think_time_s
+            self.loop.at(now_s + think_s, self._issue, (session, index, flight.user), None)
+        elif flight.user is not None:
+            self._start_next_session(flight.user, now_s + self.clients.think_time_s)

@@ -1,0 +1,129 @@
+"""Data that crosses a boundary between policy, simulator and gateway.
+
+Every type here is a frozen, slotted dataclass: a policy never writes into a
+request; only the owner of mutable state (an engine, a fleet view) changes it,
+and it does so by building new snapshots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Language(StrEnum):
+    """Script family of a prompt, as found by character classes."""
+
+    LATIN = "latin"
+    CJK = "cjk"
+    JAPANESE = "japanese"
+    KOREAN = "korean"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives of one request, in seconds after its arrival."""
+
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    tpot_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One attempt of one user request, as a router sees it.
+
+    ``block_hashes`` are chained hashes of the prompt's full token blocks
+    (``block_size_tokens`` each): equal hash at position i means an identical
+    prefix of ``(i + 1) * block_size_tokens`` tokens.
+    ``num_output_tokens`` is the expected output length (the true length in the
+    simulator; a prediction or ``max_tokens`` in the gateway).
+    """
+
+    request_id: str
+    arrival_s: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    block_hashes: tuple[int, ...] = ()
+    block_size_tokens: int = 512
+    model: str | None = None
+    language: Language | None = None
+    task: str | None = None
+    session_id: str | None = None
+    program_id: str | None = None
+    stage: int | None = None
+    slo: SLO | None = None
+    attempt: int = 1
+    tried_endpoints: tuple[str, ...] = ()
+    tried_models: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens < 0:
+            raise ValueError(
+                f"request {self.request_id!r}: num_prompt_tokens must be >= 0, "
+                f"got {self.num_prompt_tokens}"
+            )
+        if self.num_output_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id!r}: num_output_tokens must be >= 1, "
+                f"got {self.num_output_tokens}"
+            )
+        if self.attempt < 1:
+            raise ValueError(f"request {self.request_id!r}: attempt must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A serving replica: one engine process, possibly spanning several GPUs."""
+
+    name: str
+    model: str
+    hardware: str
+    region: str
+    num_gpus: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size_tokens: int = 16
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """What a router may know about one endpoint at a decision point.
+
+    ``num_inflight_*`` are the router's own counters (dispatched, not yet
+    finished); the ``engine_*`` fields come from scraping the engine and may
+    be stale by ``engine_stats_age_s``; ``None`` means never scraped.
+    """
+
+    endpoint: Endpoint
+    rtt_ms: float
+    num_inflight_requests: int = 0
+    num_inflight_prompt_tokens: int = 0
+    num_inflight_output_tokens: int = 0
+    is_healthy: bool = True
+    engine_num_waiting: int | None = None
+    engine_num_running: int | None = None
+    engine_kv_usage: float | None = None
+    engine_stats_age_s: float | None = None
+
+    @property
+    def num_queued_tokens(self) -> int:
+        """Tokens the endpoint still has to process for our in-flight requests."""
+        return self.num_inflight_prompt_tokens + self.num_inflight_output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """The router's choice and the per-endpoint scores that explain it.
+
+    ``scores`` maps endpoint name to the router's score; ``score_meaning``
+    says how to read them (e.g. "cost, lower is better").
+    """
+
+    endpoint: str
+    scores: Mapping[str, float] = field(default_factory=dict)
+    score_meaning: str = ""
+    reason: str = ""

@@ -1,0 +1,144 @@
+"""RouterPrefixIndex: prefix matching, prefix-closed LRU eviction, endpoint removal."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from longroute.prefix.router_index import RouterPrefixIndex, _Node
+
+
+def _check_invariants(index: RouterPrefixIndex) -> None:
+    """Holders shrink along paths, no node is unheld, counts agree with the tree."""
+    num_nodes = 0
+    held: dict[str, int] = dict.fromkeys(index.endpoint_names, 0)
+    stack: list[_Node] = list(index._root.children.values())
+    while stack:
+        node = stack.pop()
+        num_nodes += 1
+        assert node.holders, "a node held by no endpoint must be removed"
+        parent = node.parent
+        assert parent is not None
+        if parent is not index._root:
+            assert set(node.holders) <= set(parent.holders), "holdings must be prefix-closed"
+        for name in node.holders:
+            held[name] += 1
+        stack.extend(node.children.values())
+    assert num_nodes == index.num_nodes()
+    for name, count in held.items():
+        assert count == index.num_blocks(name)
+        assert count <= index.capacity_blocks_per_endpoint
+
+
+def test_match_counts_leading_blocks_per_endpoint() -> None:
+    index = RouterPrefixIndex(["a", "b", "c", "d"], capacity_blocks_per_endpoint=100)
+    index.insert([1, 2, 3], "a", 0.0)
+    index.insert([1, 2, 4], "b", 0.0)
+    index.insert([1, 5], "c", 0.0)
+    index.insert([9, 2, 3], "d", 0.0)  # same later hashes under another root: no match
+    assert index.match([1, 2, 3, 7]) == {"a": 3, "b": 2, "c": 1}
+    assert index.match([1, 2, 4]) == {"a": 2, "b": 3, "c": 1}
+    assert index.match([1, 5, 6]) == {"a": 1, "b": 1, "c": 2}
+    assert index.match([2, 3]) == {}
+    assert index.match([]) == {}
+    assert index.num_nodes() == 8
+    assert [index.num_blocks(n) for n in "abcd"] == [3, 3, 2, 3]
+    _check_invariants(index)
+
+
+def test_eviction_is_lru_and_leaf_first() -> None:
+    index = RouterPrefixIndex(["a"], capacity_blocks_per_endpoint=4)
+    index.insert([1, 2, 3], "a", 0.0)
+    index.insert([4, 5, 6], "a", 1.0)
+    # 6 blocks > 4: the older prompt loses its two deepest blocks, keeping its root
+    assert index.num_blocks("a") == 4
+    assert index.match([1, 2, 3]) == {"a": 1}
+    assert index.match([4, 5, 6]) == {"a": 3}
+    assert index.num_nodes() == 4
+    index.insert([7, 8], "a", 2.0)
+    # two more evictions: the old root [1], then the leaf of [4, 5, 6]
+    assert index.match([1]) == {}
+    assert index.match([4, 5, 6]) == {"a": 2}
+    assert index.match([7, 8]) == {"a": 2}
+    assert index.num_nodes() == 4
+    _check_invariants(index)
+
+
+def test_shared_prefix_counts_once_and_survives_other_holders() -> None:
+    index = RouterPrefixIndex(["a", "b"], capacity_blocks_per_endpoint=4)
+    index.insert([1, 2, 3], "a", 0.0)
+    index.insert([1, 2, 7], "a", 1.0)
+    assert index.num_blocks("a") == 4  # 1, 2, 3, 7: shared prefix counted once
+    index.insert([1, 2, 3], "b", 2.0)
+    index.insert([5, 6, 8, 9], "a", 3.0)  # evicts all of a's old blocks
+    assert index.num_blocks("a") == 4
+    # b still holds 1, 2, 3, so those nodes stay; 7 (only a's) is gone
+    assert index.match([1, 2, 3]) == {"b": 3}
+    assert index.match([1, 2, 7]) == {"b": 2}
+    assert index.num_nodes() == 7
+    _check_invariants(index)
+
+
+def test_reinsert_refreshes_lru() -> None:
+    index = RouterPrefixIndex(["a"], capacity_blocks_per_endpoint=4)
+    index.insert([1, 2], "a", 0.0)
+    index.insert([3, 4], "a", 1.0)
+    index.insert([1, 2], "a", 2.0)  # now [3, 4] is the least recently used
+    index.insert([5, 6], "a", 3.0)
+    assert index.match([1, 2]) == {"a": 2}
+    assert index.match([3, 4]) == {}
+    assert index.match([5, 6]) == {"a": 2}
+
+
+def test_prompt_longer_than_capacity_keeps_its_head() -> None:
+    index = RouterPrefixIndex(["a"], capacity_blocks_per_endpoint=3)
+    index.insert(list(range(1, 11)), "a", 0.0)
+    assert index.match(list(range(1, 11))) == {"a": 3}
+    assert index.num_nodes() == 3
+
+
+def test_remove_endpoint_drops_only_its_holdings() -> None:
+    index = RouterPrefixIndex(["a", "b"], capacity_blocks_per_endpoint=10)
+    index.insert([1, 2, 3], "a", 0.0)
+    index.insert([1, 2], "b", 0.0)
+    index.insert([4], "a", 0.0)
+    index.remove_endpoint("a")
+    assert index.num_blocks("a") == 0
+    assert index.match([1, 2, 3]) == {"b": 2}
+    assert index.match([4]) == {}
+    assert index.num_nodes() == 2
+    index.insert([1, 9], "a", 1.0)  # still a known endpoint
+    assert index.match([1, 9]) == {"a": 2, "b": 1}
+    _check_invariants(index)
+
+
+def test_random_operations_keep_invariants() -> None:
+    rng = random.Random(3)
+    names = ["a", "b", "c"]
+    index = RouterPrefixIndex(names, capacity_blocks_per_endpoint=20)
+    for step in range(2000):
+        name = rng.choice(names)
+        if rng.random() < 0.01:
+            index.remove_endpoint(name)
+            continue
+        # prompts from a few "documents" with random lengths share prefixes
+        doc = rng.randrange(8)
+        prompt = [doc * 1000 + i for i in range(rng.randrange(1, 30))]
+        index.insert(prompt, name, float(step))
+        assert index.match(prompt)[name] == min(len(prompt), 20)
+        if step % 100 == 0:
+            _check_invariants(index)
+    _check_invariants(index)
+
+
+def test_errors_name_the_bad_value() -> None:
+    with pytest.raises(ValueError, match="capacity_blocks_per_endpoint"):
+        RouterPrefixIndex(["a"], capacity_blocks_per_endpoint=0)
+    with pytest.raises(ValueError, match="unique"):
+        RouterPrefixIndex(["a", "a"], capacity_blocks_per_endpoint=4)
+    index = RouterPrefixIndex(["a", "b"], capacity_blocks_per_endpoint=4)
+    with pytest.raises(KeyError, match=r"'zz'.*valid: a, b"):
+        index.insert([1], "zz", 0.0)
+    with pytest.raises(KeyError, match="zz"):
+        index.num_blocks("zz")
