@@ -63,6 +63,9 @@ class EndpointGroupConfig(_Model):
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per iteration.")
     block_size_tokens: int = Field(16, ge=1, description="KV cache block size.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU memory share.")
+    max_model_len_tokens: int | None = Field(
+        None, ge=1, description="Context limit (default: the model's, capped by KV memory)."
+    )
 
 
 class WorkloadConfig(_Model):

@@ -87,6 +87,12 @@ class Endpoint:
     max_num_batched_tokens: int = 8192
     block_size_tokens: int = 16
     gpu_memory_utilization: float = 0.9
+    max_model_len_tokens: int | None = None
+
+    def can_fit(self, request: Request) -> bool:
+        """True if prompt plus expected output fit the endpoint's context limit."""
+        limit = self.max_model_len_tokens
+        return limit is None or request.num_prompt_tokens + request.num_output_tokens <= limit
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,8 @@ class ModelProfile:
     ``intermediate_size`` is the dense MLP width, or the per-expert width of
     an MoE. ``num_active_params`` equals ``num_params`` for dense models and
     counts the shared parts plus ``num_experts_per_token`` experts for MoE.
+    ``max_model_len_tokens`` is the longest context the model supports
+    (prompt plus output); ``None`` means unbounded.
     ``num_attention_layers`` is the number of full (softmax) attention layers
     holding a KV cache; ``None`` means all ``num_layers`` do. Hybrid models
     (linear-attention layers with a fixed-size state) set it lower.
@@ -59,6 +61,7 @@ class ModelProfile:
     bytes_per_kv_element: float = 2.0
     tie_word_embeddings: bool = False
     num_attention_layers: int | None = None
+    max_model_len_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self)

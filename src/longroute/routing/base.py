@@ -20,12 +20,8 @@ import random
 from typing import Protocol
 
 from longroute.registry import Registry
-from longroute.routing.fleet_view import FleetView
+from longroute.routing.fleet_view import FleetView, NoCandidateError
 from longroute.types import Request, RouteDecision
-
-
-class NoCandidateError(LookupError):
-    """No endpoint can serve the request (model unknown or all unhealthy)."""
 
 
 class Router(Protocol):
@@ -54,6 +50,8 @@ class BaseRouter:
 
 
 ROUTERS: Registry[Router] = Registry("router")
+
+__all__ = ["ROUTERS", "BaseRouter", "NoCandidateError", "Router", "pick_min"]
 
 
 def pick_min(scores: dict[str, float]) -> str:

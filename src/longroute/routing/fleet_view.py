@@ -18,6 +18,10 @@ from longroute.types import Endpoint, EndpointState, Request
 AUTO_MODEL = "auto"
 
 
+class NoCandidateError(LookupError):
+    """No endpoint can serve the request (model unknown, all unhealthy, or too long)."""
+
+
 class FleetView:
     def __init__(
         self,
@@ -62,8 +66,6 @@ class FleetView:
         else:
             names = self._by_model.get(request.model, ())
             if not names:
-                from longroute.routing.base import NoCandidateError
-
                 raise NoCandidateError(
                     f"no endpoint serves model {request.model!r}; "
                     f"served: {', '.join(sorted(self._by_model))}"
@@ -71,10 +73,16 @@ class FleetView:
         states = self._states
         healthy = [states[n] for n in names if states[n].is_healthy]
         if not healthy:
-            from longroute.routing.base import NoCandidateError
-
             raise NoCandidateError(f"no healthy endpoint for model {request.model!r}")
-        return healthy
+        fitting = [s for s in healthy if s.endpoint.can_fit(request)]
+        if not fitting:
+            total = request.num_prompt_tokens + request.num_output_tokens
+            raise NoCandidateError(
+                f"request {request.request_id!r} needs {total} tokens of context; the largest "
+                f"any healthy endpoint takes is "
+                f"{max(s.endpoint.max_model_len_tokens or 0 for s in healthy)}"
+            )
+        return fitting
 
     # ---- writes (owner) --------------------------------------------------
     def record_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:

@@ -47,6 +47,7 @@ class EngineModel:
         packer: BatchPacker,
         prefix_block_tokens: int,
         is_prefix_caching: bool = True,
+        is_fast_forward: bool = True,
     ) -> None:
         self.endpoint = endpoint
         self.predictor = predictor
@@ -56,6 +57,7 @@ class EngineModel:
         self.packer = packer
         self.cache = EnginePrefixCache(prefix_block_tokens)
         self.is_prefix_caching = is_prefix_caching
+        self.is_fast_forward = is_fast_forward
         self.capacity_tokens = predictor.kv_capacity_tokens(endpoint.gpu_memory_utilization)
         self.kv_block_tokens = endpoint.block_size_tokens
         self.max_num_seqs = endpoint.max_num_seqs
@@ -159,6 +161,7 @@ class EngineModel:
         plan: list[tuple[Sequence, int]] = []
         grant = self.packer.grant
         running = self.running
+        bs = self.cache.block_size_tokens
         is_preempted = False
         i = 0
         while i < len(running):
@@ -167,13 +170,16 @@ class EngineModel:
             n = grant(seq, wanted if wanted > 0 else 1)
             if n == 0:
                 break
-            while not self._reserve(seq, n):
-                is_preempted = True
-                if self._preempt_last() is seq:
-                    n = 0
+            # fast path: the tokens fit in the sequence's last private KV block
+            room = seq.num_pinned_blocks * bs + seq.num_private_alloc_tokens
+            if seq.num_computed_tokens + n > room:
+                while not self._reserve(seq, n):
+                    is_preempted = True
+                    if self._preempt_last() is seq:
+                        n = 0
+                        break
+                if n == 0:
                     break
-            if n == 0:
-                break
             plan.append((seq, n))
             i += 1
         return plan, is_preempted
@@ -220,7 +226,12 @@ class EngineModel:
             return
         self._is_busy = True
         self._version += 1
-        if not is_preempted and not num_admitted and self._try_stretch(plan, now_s):
+        if (
+            self.is_fast_forward
+            and not is_preempted
+            and not num_admitted
+            and self._try_stretch(plan, now_s)
+        ):
             return
         self._plan = plan
         self._stretch = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -59,6 +59,7 @@ def build_endpoints(config: ScenarioConfig) -> list[Endpoint]:
                     max_num_batched_tokens=g.max_num_batched_tokens,
                     block_size_tokens=g.block_size_tokens,
                     gpu_memory_utilization=g.gpu_memory_utilization,
+                    max_model_len_tokens=g.max_model_len_tokens,
                 )
             )
     return endpoints
@@ -78,6 +79,21 @@ def build_workload(config: ScenarioConfig, seed: int, trace: Path | None = None)
             workload.name, workload.sessions[: wl.limit], workload.block_size_tokens
         )
     return workload
+
+
+def fit_context_limits(
+    endpoints: list[Endpoint], predictors: dict[str, RuntimePredictor]
+) -> list[Endpoint]:
+    """Each endpoint's max_model_len: the model's limit, or less if KV memory is smaller."""
+    out = []
+    for e in endpoints:
+        pred = predictors[e.name]
+        capacity = pred.kv_capacity_tokens(e.gpu_memory_utilization)
+        limit = min(capacity, pred.model.max_model_len_tokens or capacity)
+        if e.max_model_len_tokens is not None:
+            limit = min(limit, e.max_model_len_tokens)
+        out.append(replace(e, max_model_len_tokens=limit))
+    return out
 
 
 def build_predictors(endpoints: list[Endpoint]) -> dict[str, RuntimePredictor]:
@@ -116,6 +132,7 @@ def run_scenario(
         ROUTERS.get(name)  # fail before any work on an unknown name
     endpoints = build_endpoints(config)
     predictors = build_predictors(endpoints)
+    endpoints = fit_context_limits(endpoints, predictors)
     workload = build_workload(config, seed, trace)
     c = config.clients
     arrival = "trace" if trace is not None else c.arrival

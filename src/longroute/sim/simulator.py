@@ -15,7 +15,7 @@ from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RequestRecord
 from longroute.queueing.base import QUEUE_POLICIES
 from longroute.routing.base import Router
-from longroute.routing.fleet_view import FleetView
+from longroute.routing.fleet_view import FleetView, NoCandidateError
 from longroute.sim.batching import BATCH_PACKERS
 from longroute.sim.clients import ClientSpec, open_loop_starts
 from longroute.sim.engine import EngineModel
@@ -26,6 +26,7 @@ from longroute.types import SLO, Endpoint, Request
 from longroute.workloads.types import Session, Workload
 
 RTT_EWMA_ALPHA = 0.2
+MAX_REJECTION_REASONS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class EngineOptions:
     is_prefix_caching: bool = True
     scrape_interval_s: float | None = 1.0
     prefix_index_capacity_blocks: int = 1_000_000
+    is_fast_forward: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,8 @@ class SimResult:
     num_events: int
     num_iterations: int
     num_preemptions: int
+    num_rejected: int
+    rejections: tuple[str, ...]  # the first few reasons, for the report
 
 
 class _Flight:
@@ -121,11 +125,14 @@ class Simulation:
                 ),
                 prefix_block_tokens=workload.block_size_tokens,
                 is_prefix_caching=self.options.is_prefix_caching,
+                is_fast_forward=self.options.is_fast_forward,
             )
         self._rtt_ewma_ms = dict(base_rtt)
         self._records: list[RequestRecord] = []
         self._pending_sessions: list[Session] = []
         self._next_session = 0
+        self._num_rejected = 0
+        self._rejections: list[str] = []
 
     # ---- driving -------------------------------------------------------
     def run(self) -> SimResult:
@@ -139,7 +146,7 @@ class Simulation:
                 self._start_next_session(user, 0.0)
         interval = self.options.scrape_interval_s
         if interval is not None:
-            self.loop.at(0.0, self._scrape, interval, None)
+            self.loop.at(0.0, self._scrape, interval, None, is_background=True)
         self.loop.run()
         records = tuple(sorted(self._records, key=lambda r: (r.arrival_s, r.request_id)))
         return SimResult(
@@ -149,6 +156,8 @@ class Simulation:
             num_events=self.loop.num_events,
             num_iterations=sum(e.num_iterations for e in self.engines.values()),
             num_preemptions=sum(e.num_preemptions for e in self.engines.values()),
+            num_rejected=self._num_rejected,
+            rejections=tuple(self._rejections),
         )
 
     def _start_next_session(self, user: int, t_s: float) -> None:
@@ -162,8 +171,9 @@ class Simulation:
         for name, engine in self.engines.items():
             num_waiting, num_running, kv_usage = engine.stats()
             self.fleet.set_engine_stats(name, num_waiting, num_running, kv_usage, 0.0)
-        if len(self.loop):  # keep scraping only while something else is pending
-            self.loop.at(self.loop.now_s + interval_s, self._scrape, interval_s, None)
+        self.loop.at(
+            self.loop.now_s + interval_s, self._scrape, interval_s, None, is_background=True
+        )
 
     # ---- one request ---------------------------------------------------
     def _issue(self, item: tuple[Session, int, int | None], _: object) -> None:
@@ -183,7 +193,16 @@ class Simulation:
             session_id=session.session_id,
             slo=turn.slo or self.default_slo,
         )
-        decision = self.router.route(request, self.fleet, now_s)
+        try:
+            decision = self.router.route(request, self.fleet, now_s)
+        except NoCandidateError as exc:
+            # the client gets an error: the session ends there
+            self._num_rejected += 1
+            if len(self._rejections) < MAX_REJECTION_REASONS:
+                self._rejections.append(str(exc))
+            if user is not None:
+                self._start_next_session(user, now_s + self.clients.think_time_s)
+            return
         name = decision.endpoint
         self.fleet.record_dispatch(request, name, now_s)
         self.router.on_dispatch(request, name, now_s)

@@ -1,0 +1,16 @@
+"""The registry of workload generators, by the names used in scenario files.
+
+``WORKLOADS.build(name, params)`` is called when a scenario is loaded; it
+rejects unknown generator names and unknown knobs, listing the valid ones.
+"""
+
+from __future__ import annotations
+
+from longroute.registry import Registry
+from longroute.workloads.generators import long_sessions, mixed_long_short, short_chat
+from longroute.workloads.types import Workload
+
+WORKLOADS: Registry[Workload] = Registry("workload")
+WORKLOADS.register("short-chat")(short_chat)
+WORKLOADS.register("long-sessions")(long_sessions)
+WORKLOADS.register("mixed-long-short")(mixed_long_short)
