@@ -26,6 +26,7 @@ from longroute.types import Request, RouteDecision
 
 class Router(Protocol):
     name: str
+    needs_prefix_index: bool
 
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision: ...
 
@@ -35,9 +36,14 @@ class Router(Protocol):
 
 
 class BaseRouter:
-    """Convenience base: no-op hooks and an injected RNG."""
+    """Convenience base: no-op hooks and an injected RNG.
+
+    ``needs_prefix_index`` tells the fleet view's owner whether to keep the
+    router-side prefix index up to date (it costs time per dispatch).
+    """
 
     name = "base"
+    needs_prefix_index = False
 
     def __init__(self, *, rng: random.Random | None = None) -> None:
         self.rng = rng if rng is not None else random.Random(0)

@@ -32,6 +32,7 @@ class PrefixCacheRouter(BaseRouter):
     """
 
     name = "prefix-cache"
+    needs_prefix_index = True
 
     def __init__(
         self,

@@ -1,8 +1,11 @@
 """The batch-formation seam: how many tokens each sequence gets this iteration.
 
-The engine walks running sequences, then waiting ones, and asks the packer
-for each: ``grant(seq, num_wanted_tokens)`` returns how many of them fit
-(0 = the batch is full). ``begin`` starts a new iteration. The token-budget
+Per iteration the engine calls ``begin``, then ``grant_decodes`` once for
+all decoding sequences (one token each; they always fit, since an engine's
+token budget is at least its seat count, and a time-budget packer learns
+their cost from it), then ``grant(seq, num_wanted_tokens)`` for each
+prefilling and then each waiting sequence: how many of the wanted tokens fit
+(0 = the batch is full). The token-budget
 packer is vLLM's/Sarathi's rule; Medha's time-budget packer (binary search of
 the chunk by the runtime predictor) plugs in here later.
 """
@@ -17,6 +20,8 @@ from longroute.sim.sequence import Sequence
 
 class BatchPacker(Protocol):
     def begin(self, now_s: float) -> None: ...
+
+    def grant_decodes(self, num_decodes: int, context_tokens: int) -> None: ...
 
     def grant(self, seq: Sequence, num_wanted_tokens: int) -> int: ...
 
@@ -38,6 +43,9 @@ class TokenBudgetPacker:
 
     def begin(self, now_s: float) -> None:
         self._left = self.max_num_batched_tokens
+
+    def grant_decodes(self, num_decodes: int, context_tokens: int) -> None:
+        self._left -= num_decodes
 
     def grant(self, seq: Sequence, num_wanted_tokens: int) -> int:
         n = num_wanted_tokens if num_wanted_tokens < self._left else self._left

@@ -1,23 +1,31 @@
 """The engine model of one replica: continuous batching with chunked prefill.
 
-Per iteration (as vLLM v1 schedules): running sequences first, in admission
-order (a decode takes one token, a prefill the chunk the packer grants), then
-waiting sequences in queue-policy order while seats, budget and KV memory
-last. KV memory is counted in tokens: shared prefix-cache blocks plus private
-allocations rounded up to the KV block size. When a running sequence cannot
-grow, the most recently admitted one is preempted (recompute, vLLM's default)
-and returns to the queue front; its cached prefix blocks usually survive.
+Per iteration, as vLLM v1 schedules: every decoding sequence gets one token,
+then prefilling sequences (admission order) get the chunks the packer
+grants, then waiting sequences are admitted in queue-policy order while
+seats, budget and KV memory last. (vLLM walks one running list; decodes sit
+before newer prefills in it, and it requires ``max_num_batched_tokens >=
+max_num_seqs``, so decodes always fit — the same outcome.) KV memory is
+counted in tokens: shared prefix-cache blocks plus private allocations
+rounded up to the KV block size. When a sequence cannot grow, the most
+recently admitted one is preempted (recompute, vLLM's default) and returns
+to the queue front; its cached prefix blocks usually survive.
 
-Speed: when an iteration is pure decode of every running sequence with no
-admission or preemption, nothing changes until a sequence finishes, memory
-runs short or work arrives, so the engine jumps over those iterations at once
-(a *stretch*) using the predictor's closed-form sum of decode step times. An
-arrival during a stretch cuts it at the end of the iteration in progress, so
-results are those of stepping every iteration.
+Speed, without losing iteration-level fidelity:
+
+* Decoding sequences advance in lock-step, so their progress is implicit in
+  a decode-step counter; finishes and KV-block crossings come from two heaps
+  keyed by step. An iteration costs O(prefills + events), not O(batch).
+* When an iteration is pure decode with nothing to admit, nothing changes
+  until a sequence finishes, memory runs short or work arrives, so the engine
+  jumps over those iterations at once (a *stretch*) with the predictor's
+  closed-form sum of decode step times. An arrival cuts a stretch at the end
+  of the iteration in progress. A test checks this equals stepping.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Protocol
 
 from longroute.estimators.runtime import RuntimePredictor
@@ -27,6 +35,8 @@ from longroute.sim.batching import BatchPacker
 from longroute.sim.events import EventLoop
 from longroute.sim.sequence import Sequence
 from longroute.types import Endpoint, Request
+
+_StepHeap = list[tuple[int, int, int, Sequence]]  # (step, order, epoch, seq)
 
 
 class EngineListener(Protocol):
@@ -49,6 +59,12 @@ class EngineModel:
         is_prefix_caching: bool = True,
         is_fast_forward: bool = True,
     ) -> None:
+        if endpoint.max_num_batched_tokens < endpoint.max_num_seqs:
+            raise ValueError(
+                f"endpoint {endpoint.name!r}: max_num_batched_tokens "
+                f"({endpoint.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({endpoint.max_num_seqs}), as vLLM requires"
+            )
         self.endpoint = endpoint
         self.predictor = predictor
         self.loop = loop
@@ -61,12 +77,19 @@ class EngineModel:
         self.capacity_tokens = predictor.kv_capacity_tokens(endpoint.gpu_memory_utilization)
         self.kv_block_tokens = endpoint.block_size_tokens
         self.max_num_seqs = endpoint.max_num_seqs
-        self.running: list[Sequence] = []
+        self.prefilling: list[Sequence] = []
+        self.decoding: dict[Sequence, None] = {}  # admission order
+        self.step = 0  # decode iterations run so far
+        self.decode_ctx_tokens = 0  # sum of computed tokens of decoding sequences
+        self._finish_heap: _StepHeap = []
+        self._alloc_heap: _StepHeap = []
+        self._order = 0
         self.num_private_tokens = 0
         self.num_iterations = 0
         self.num_preemptions = 0
         self._version = 0
         self._plan: list[tuple[Sequence, int]] = []
+        self._plan_num_decodes = 0
         self._stretch: tuple[float, int, int, int] | None = None  # t0, steps, B, C0
         self._is_busy = False
 
@@ -83,15 +106,19 @@ class EngineModel:
         self.queue.push(seq, now_s)
         if not self._is_busy:
             self._step(now_s)
-        elif self._stretch is not None and len(self.running) < self.max_num_seqs:
+        elif self._stretch is not None and self.num_running < self.max_num_seqs:
             self._cut_stretch(now_s)
         return seq
+
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
 
     def stats(self) -> tuple[int, int, float]:
         """(waiting, running, KV usage in [0, 1]) as an engine's /metrics would show."""
         pinned = self.cache.num_blocks - self.cache.num_evictable_blocks
         used = pinned * self.cache.block_size_tokens + self.num_private_tokens
-        return len(self.queue), len(self.running), used / self.capacity_tokens
+        return len(self.queue), self.num_running, used / self.capacity_tokens
 
     # ---- memory --------------------------------------------------------
     def _free_tokens(self) -> int:
@@ -111,7 +138,7 @@ class EngineModel:
         return True
 
     def _reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Allocate private KV for ``num_new_tokens`` more tokens of ``seq``."""
+        """Allocate private KV for ``num_new_tokens`` more tokens of a prefilling ``seq``."""
         kvb = self.kv_block_tokens
         private = seq.num_computed_tokens + num_new_tokens
         private -= seq.num_pinned_blocks * self.cache.block_size_tokens
@@ -145,46 +172,109 @@ class EngineModel:
         self.num_private_tokens += alloc - seq.num_private_alloc_tokens
         seq.num_private_alloc_tokens = alloc
 
+    # ---- decoding group ------------------------------------------------
+    def _start_decoding(self, seq: Sequence) -> None:
+        step = self.step
+        seq.epoch += 1
+        seq.base_step = step
+        seq.base_computed = seq.num_computed_tokens
+        seq.base_generated = seq.num_generated
+        seq.finish_step = step + seq.num_output_tokens - seq.num_generated
+        self.decoding[seq] = None
+        self.decode_ctx_tokens += seq.num_computed_tokens
+        self._order += 1
+        heapq.heappush(self._finish_heap, (seq.finish_step, self._order, seq.epoch, seq))
+        room = seq.num_pinned_blocks * self.cache.block_size_tokens + seq.num_private_alloc_tokens
+        alloc_step = step + room - seq.num_computed_tokens
+        heapq.heappush(self._alloc_heap, (alloc_step, self._order, seq.epoch, seq))
+
+    def _stop_decoding(self, seq: Sequence) -> None:
+        """Bring the sequence's counters up to date and take it out of the group."""
+        done = self.step - seq.base_step
+        seq.num_computed_tokens = seq.base_computed + done
+        seq.num_generated = seq.base_generated + done
+        del self.decoding[seq]
+        self.decode_ctx_tokens -= seq.num_computed_tokens
+        seq.epoch += 1  # invalidates its heap entries
+
+    def _grow_decodes(self, upto_step: int) -> bool:
+        """Give each decoding sequence the KV blocks it needs for steps < ``upto_step``.
+
+        Returns False if memory ran out (the caller preempts and retries).
+        """
+        heap = self._alloc_heap
+        kvb = self.kv_block_tokens
+        free = self._free_tokens()
+        while heap and heap[0][0] < upto_step:
+            alloc_step, order, epoch, seq = heap[0]
+            if epoch != seq.epoch:
+                heapq.heappop(heap)
+                continue
+            need = -(-(upto_step - alloc_step) // kvb) * kvb
+            if need > free:
+                if not self._ensure_free(need):
+                    return False
+                free = self._free_tokens()
+            free -= need
+            seq.num_private_alloc_tokens += need
+            self.num_private_tokens += need
+            heapq.heapreplace(heap, (alloc_step + need, order, epoch, seq))
+        return True
+
+    def _pop_finished(self) -> list[Sequence]:
+        heap = self._finish_heap
+        step = self.step
+        finished = []
+        while heap and heap[0][0] <= step:
+            _, _, epoch, seq = heapq.heappop(heap)
+            if epoch == seq.epoch:
+                self._stop_decoding(seq)
+                finished.append(seq)
+        return finished
+
     # ---- scheduling ----------------------------------------------------
-    def _preempt_last(self) -> Sequence:
-        victim = self.running.pop()
+    def _preempt_newest(self) -> Sequence:
+        if self.prefilling:
+            victim = self.prefilling.pop()
+        else:
+            victim = next(reversed(self.decoding))
+            self._stop_decoding(victim)
         self._release(victim)
         victim.target_tokens = victim.num_prompt_tokens + victim.num_generated
         victim.num_computed_tokens = 0
-        victim.is_matched = False
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.queue.push_front(victim, self.loop.now_s)
         return victim
 
-    def _schedule_running(self, now_s: float) -> tuple[list[tuple[Sequence, int]], bool]:
+    def _schedule_running(self) -> tuple[list[tuple[Sequence, int]], bool]:
+        is_preempted = False
+        while self.decoding and not self._grow_decodes(self.step + 1):
+            self._preempt_newest()
+            is_preempted = True
+        if self.decoding:
+            self.packer.grant_decodes(len(self.decoding), self.decode_ctx_tokens)
         plan: list[tuple[Sequence, int]] = []
         grant = self.packer.grant
-        running = self.running
-        bs = self.cache.block_size_tokens
-        is_preempted = False
+        prefilling = self.prefilling
         i = 0
-        while i < len(running):
-            seq = running[i]
-            wanted = seq.target_tokens - seq.num_computed_tokens
-            n = grant(seq, wanted if wanted > 0 else 1)
+        while i < len(prefilling):
+            seq = prefilling[i]
+            n = grant(seq, seq.target_tokens - seq.num_computed_tokens)
             if n == 0:
                 break
-            # fast path: the tokens fit in the sequence's last private KV block
-            room = seq.num_pinned_blocks * bs + seq.num_private_alloc_tokens
-            if seq.num_computed_tokens + n > room:
-                while not self._reserve(seq, n):
-                    is_preempted = True
-                    if self._preempt_last() is seq:
-                        n = 0
-                        break
-                if n == 0:
+            while not self._reserve(seq, n):
+                is_preempted = True
+                if self._preempt_newest() is seq:
+                    n = 0
                     break
+            if n == 0:
+                break
             plan.append((seq, n))
             i += 1
         return plan, is_preempted
 
-    def _admit(self, seq: Sequence, now_s: float) -> int:
+    def _admit(self, seq: Sequence) -> int:
         """Try to start ``seq``: prefix match, grant, reserve. Returns tokens (0 = no)."""
         bs = self.cache.block_size_tokens
         num_hit = 0
@@ -206,78 +296,62 @@ class EngineModel:
     def _step(self, now_s: float) -> None:
         """Form and launch the next iteration (or go idle)."""
         self.packer.begin(now_s)
-        plan, is_preempted = self._schedule_running(now_s)
+        plan, is_preempted = self._schedule_running()
         num_admitted = 0
         queue = self.queue
         if not is_preempted:
-            while len(self.running) < self.max_num_seqs:
+            while self.num_running < self.max_num_seqs:
                 head = queue.peek(now_s)
                 if head is None:
                     break
-                n = self._admit(head, now_s)
+                n = self._admit(head)
                 if n == 0:
                     break
                 queue.pop(now_s)
-                self.running.append(head)
+                self.prefilling.append(head)
                 plan.append((head, n))
                 num_admitted += 1
-        if not plan:
+        num_decodes = len(self.decoding)
+        if not plan and not num_decodes:
             self._is_busy = False
             return
         self._is_busy = True
         self._version += 1
-        if (
-            self.is_fast_forward
-            and not is_preempted
-            and not num_admitted
-            and self._try_stretch(plan, now_s)
-        ):
+        if self.is_fast_forward and not plan and not is_preempted and self._try_stretch(now_s):
             return
         self._plan = plan
+        self._plan_num_decodes = num_decodes
         self._stretch = None
-        self.loop.at(now_s + self._plan_time_s(plan), self._on_iteration_end, self._version)
+        t_end = now_s + self._plan_time_s(plan, num_decodes)
+        self.loop.at(t_end, self._on_iteration_end, self._version)
 
-    def _plan_time_s(self, plan: list[tuple[Sequence, int]]) -> float:
+    def _plan_time_s(self, plan: list[tuple[Sequence, int]], num_decodes: int) -> float:
         num_prefill = 0
         pairs = 0.0
         prefill_ctx = 0
-        num_decodes = 0
-        decode_ctx = 0
         for seq, n in plan:
             c = seq.num_computed_tokens
-            if c < seq.target_tokens:
-                num_prefill += n
-                pairs += n * c + n * (n + 1) / 2
-                prefill_ctx += c
-            else:
-                num_decodes += 1
-                decode_ctx += c
+            num_prefill += n
+            pairs += n * c + n * (n + 1) / 2
+            prefill_ctx += c
         return self.predictor.iteration_time_s(
-            num_prefill, pairs, prefill_ctx, num_decodes, decode_ctx
+            num_prefill, pairs, prefill_ctx, num_decodes, self.decode_ctx_tokens
         )
 
     # ---- decode stretches ---------------------------------------------
-    def _try_stretch(self, plan: list[tuple[Sequence, int]], now_s: float) -> bool:
-        running = self.running
-        if len(plan) != len(running):
-            return False
-        num_steps = 1 << 62
-        ctx = 0
-        for seq in running:
-            if seq.num_computed_tokens < seq.target_tokens:
-                return False
-            left = seq.num_output_tokens - seq.num_generated
-            if left < num_steps:
-                num_steps = left
-            ctx += seq.num_computed_tokens
-        batch = len(running)
+    def _try_stretch(self, now_s: float) -> bool:
+        batch = len(self.decoding)
+        heap = self._finish_heap
+        while heap[0][2] != heap[0][3].epoch:  # drop entries of departed sequences
+            heapq.heappop(heap)
+        num_steps = heap[0][0] - self.step
         # each later step needs at most one new KV block per sequence per kvb steps
         kvb = self.kv_block_tokens
         room = self._free_tokens() + self.cache.num_evictable_blocks * self.cache.block_size_tokens
-        num_safe = kvb * (room // (kvb * batch))
-        num_steps = min(num_steps, 1 + num_safe)
+        num_steps = min(num_steps, 1 + kvb * (room // (kvb * batch)))
         if num_steps < 2:
             return False
+        ctx = self.decode_ctx_tokens
         self._stretch = (now_s, num_steps, batch, ctx)
         t_end = now_s + self.predictor.decode_stretch_time_s(batch, ctx, num_steps)
         self.loop.at(t_end, self._on_stretch_end, self._version)
@@ -299,25 +373,16 @@ class EngineModel:
     def _on_stretch_end(self, version: int, _: object) -> None:
         if version != self._version or self._stretch is None:
             return
-        now_s = self.loop.now_s
         num_steps = self._stretch[1]
         self._stretch = None
         self.num_iterations += num_steps
-        kvb = self.kv_block_tokens
-        bs = self.cache.block_size_tokens
-        finished = []
-        for seq in self.running:
-            seq.num_computed_tokens += num_steps
-            seq.num_generated += num_steps
-            private = seq.num_computed_tokens - seq.num_pinned_blocks * bs
-            extra = -(-private // kvb) * kvb - seq.num_private_alloc_tokens
-            if extra > 0:
-                self._ensure_free(extra)  # guaranteed by the stretch's memory bound
-                seq.num_private_alloc_tokens += extra
-                self.num_private_tokens += extra
-            if seq.num_generated >= seq.num_output_tokens:
-                finished.append(seq)
-        self._finish(finished, now_s)
+        # blocks for the skipped steps; the stretch's memory bound guarantees room
+        is_ok = self._grow_decodes(self.step + num_steps)
+        assert is_ok, "decode stretch ran out of KV memory"
+        self.step += num_steps
+        self.decode_ctx_tokens += len(self.decoding) * num_steps
+        now_s = self.loop.now_s
+        self._finish(self._pop_finished(), now_s)
         self._step(now_s)
 
     # ---- iteration end -------------------------------------------------
@@ -326,32 +391,36 @@ class EngineModel:
             return
         now_s = self.loop.now_s
         self.num_iterations += 1
-        finished = []
+        finished: list[Sequence] = []
+        if self._plan_num_decodes:
+            self.step += 1
+            self.decode_ctx_tokens += len(self.decoding)
+            finished = self._pop_finished()
         listener = self.listener
+        is_done_prefilling = False
         for seq, n in self._plan:
+            seq.num_computed_tokens += n
+            self._settle_blocks(seq)
             if seq.num_computed_tokens < seq.target_tokens:
-                seq.num_computed_tokens += n
-                self._settle_blocks(seq)
-                if seq.num_computed_tokens < seq.target_tokens:
-                    continue
-                seq.num_generated += 1
-                if seq.first_token_s is None:
-                    seq.first_token_s = now_s
-                    listener.on_first_token(seq, now_s)
-            else:
-                seq.num_computed_tokens += 1
-                seq.num_generated += 1
+                continue
+            is_done_prefilling = True
+            seq.num_generated += 1
+            if seq.first_token_s is None:
+                seq.first_token_s = now_s
+                listener.on_first_token(seq, now_s)
             if seq.num_generated >= seq.num_output_tokens:
                 finished.append(seq)
+            else:
+                self._start_decoding(seq)
+        if is_done_prefilling:
+            self.prefilling = [
+                s for s in self.prefilling if s.num_computed_tokens < s.target_tokens
+            ]
         self._plan = []
         self._finish(finished, now_s)
         self._step(now_s)
 
     def _finish(self, finished: list[Sequence], now_s: float) -> None:
-        if not finished:
-            return
-        done = set(map(id, finished))
-        self.running = [s for s in self.running if id(s) not in done]
         for seq in finished:
             self._release(seq)
             self.listener.on_finish(seq, now_s)

@@ -10,6 +10,10 @@ class Sequence:
 
     ``target_tokens`` is what prefill must reach: the prompt, or after a
     recompute-preemption the prompt plus the tokens generated so far.
+    While the sequence decodes, the engine advances all decoding sequences in
+    lock-step and keeps their progress implicit (``base_*`` fields plus the
+    engine's decode-step counter); ``num_computed_tokens`` and
+    ``num_generated`` are brought up to date when it leaves decoding.
     ``num_computed_tokens`` are in the KV cache; ``num_pinned_blocks`` of them
     are shared prefix-cache blocks, the rest are private, allocated in KV
     blocks (``num_private_alloc_tokens``, a multiple of the KV block size).
@@ -17,9 +21,13 @@ class Sequence:
 
     __slots__ = (
         "arrival_s",
+        "base_computed",
+        "base_generated",
+        "base_step",
+        "epoch",
+        "finish_step",
         "first_token_s",
         "hashes",
-        "is_matched",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_generated",
@@ -49,7 +57,12 @@ class Sequence:
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.first_token_s: float | None = None
-        self.is_matched = False
+        # while decoding, progress is implicit: computed = base_computed + step - base_step
+        self.base_step = 0
+        self.base_computed = 0
+        self.base_generated = 0
+        self.finish_step = 0
+        self.epoch = 0
 
     @property
     def is_prefilling(self) -> bool:

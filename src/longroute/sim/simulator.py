@@ -110,7 +110,10 @@ class Simulation:
         self._rng = random.Random(seed)
         base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
         self.fleet = FleetView(
-            endpoints, base_rtt, prefix_capacity_blocks=self.options.prefix_index_capacity_blocks
+            endpoints,
+            base_rtt,
+            prefix_capacity_blocks=self.options.prefix_index_capacity_blocks,
+            is_prefix_index_enabled=bool(getattr(router, "needs_prefix_index", True)),
         )
         self.engines: dict[str, EngineModel] = {}
         for e in endpoints:
