@@ -13,6 +13,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from longroute.config import ConfigError
 from longroute.registry import RegistryError
 
+TABLE_WIDTH = 180
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -72,6 +74,8 @@ def simulate(
 ) -> None:
     """Simulate a fleet under a workload, once per router, and compare them."""
     console = Console(stderr=json_output)
+    if not console.is_terminal:
+        console = Console(stderr=json_output, width=TABLE_WIDTH)  # keep the table readable
     if list_all:
         _print_list(console)
         return
