@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from longroute.config import ConfigError
@@ -28,7 +29,10 @@ def _root() -> None:
 
 
 def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    # soft wrap: a long path or file:line must stay on one line, greppable
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]error:[/] {escape(message)}", highlight=False
+    )
     return typer.Exit(code=2)
 
 
@@ -84,7 +88,11 @@ def simulate(
     from longroute.sim.scenario import load_scenario, run_scenario
     from longroute.workloads.traces import TraceError
 
-    router_names = [r.strip() for r in routers.split(",") if r.strip()] if routers else None
+    router_names = None
+    if routers is not None:
+        router_names = [r.strip() for r in routers.split(",") if r.strip()]
+        if not router_names:
+            raise _fail("--routers names no router; give a comma-separated list")
     try:
         config = load_scenario(scenario)
         names = router_names or config.routers
@@ -112,7 +120,18 @@ def simulate(
     except (ConfigError, RegistryError, TraceError, ValueError, LookupError) as exc:
         raise _fail(str(exc)) from None
     name = config.name if trace is None else f"{config.name}+{trace.name}"
-    summaries = {r: summarize(res.records, duration_s=None) for r, res in run.results.items()}
+    summaries = {
+        r: summarize(res.records, num_rejected=res.num_rejected) for r, res in run.results.items()
+    }
+    if not no_report:
+        folder = out or Path("reports") / config.name
+        records = {r: res.records for r, res in run.results.items()}
+        try:
+            paths = write_report(
+                folder, scenario=name, seed=run.seed, summaries=summaries, records_by_router=records
+            )
+        except OSError as exc:
+            raise _fail(f"{folder}: cannot write the report: {exc.strerror or exc}") from None
     if json_output:
         sys.stdout.write(summary_json(name, run.seed, summaries) + "\n")
     else:
@@ -121,14 +140,8 @@ def simulate(
                 summaries, title=f"{name} (seed {run.seed}, {run.workload.num_requests} requests)"
             )
         )
-    if not no_report:
-        folder = out or Path("reports") / config.name
-        records = {r: res.records for r, res in run.results.items()}
-        paths = write_report(
-            folder, scenario=name, seed=run.seed, summaries=summaries, records_by_router=records
-        )
-        if not json_output:
-            console.print(f"report: {folder} ({len(paths)} files)")
+    if not no_report and not json_output:
+        console.print(f"report: {folder} ({len(paths)} files)")
 
 
 def main() -> None:

@@ -40,8 +40,11 @@ class NetworkConfig(_Model):
             for b, v in row.items():
                 if v < 0:
                     raise ValueError(f"rtt_ms.{a}.{b} must be >= 0, got {v}")
+                other = self.rtt_ms.get(b, {}).get(a)
+                if other is not None and other != v:
+                    raise ValueError(f"rtt_ms.{a}.{b}={v} conflicts with rtt_ms.{b}.{a}={other}")
                 full[a][b] = v
-                full[b].setdefault(a, v)
+                full[b][a] = v
         for r in regions:
             full[r].setdefault(r, 1.0)
         if self.router_region not in regions:

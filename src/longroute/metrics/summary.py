@@ -44,6 +44,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "throughput_output_tokens_per_s",
     "cache_hit_ratio",
     "num_preemptions",
+    "num_rejected",
     "slo_attainment",
     "load_concentration",
     "num_endpoints_used",
@@ -101,7 +102,9 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return None if denominator <= 0 else float(numerator) / float(denominator)
 
 
-def summarize(records: Sequence[RequestRecord], *, duration_s: float | None = None) -> Summary:
+def summarize(
+    records: Sequence[RequestRecord], *, duration_s: float | None = None, num_rejected: int = 0
+) -> Summary:
     """Summarize one router's records; keys are exactly ``SUMMARY_KEYS``, in order.
 
     Each record counts as one request (a retried request contributes one
@@ -109,7 +112,8 @@ def summarize(records: Sequence[RequestRecord], *, duration_s: float | None = No
     arrival; throughputs are ``None`` when the duration is not positive.
     ``tpot_*`` ignore one-token outputs; ``slo_attainment`` considers only
     records that carry an SLO; ``load_concentration`` is the largest share of
-    records sent to a single endpoint.
+    records sent to a single endpoint. ``num_rejected`` counts requests that
+    never ran (no endpoint could take them); they have no record.
     """
     if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s must be a finite number > 0, got {duration_s!r}")
@@ -137,6 +141,7 @@ def summarize(records: Sequence[RequestRecord], *, duration_s: float | None = No
     out["throughput_output_tokens_per_s"] = _ratio(int(num_out.sum()), duration)
     out["cache_hit_ratio"] = _ratio(num_cached, num_prompt)
     out["num_preemptions"] = sum(r.num_preemptions for r in records)
+    out["num_rejected"] = num_rejected
     out["slo_attainment"] = _ratio(sum(slo_met), len(slo_met))
     out["load_concentration"] = _ratio(max(per_endpoint.values(), default=0), n)
     out["num_endpoints_used"] = len(per_endpoint)

@@ -128,8 +128,8 @@ def run_scenario(
     """Simulate the scenario once per router, all on the same workload and seed."""
     seed = config.seed if seed is None else seed
     names = routers or config.routers or ROUTERS.names()
-    for name in names:
-        ROUTERS.get(name)  # fail before any work on an unknown name
+    for name in [*names, *config.router_params]:
+        ROUTERS.get(name)  # fail before any work on an unknown name (a typo in params too)
     endpoints = build_endpoints(config)
     predictors = build_predictors(endpoints)
     endpoints = fit_context_limits(endpoints, predictors)
