@@ -113,10 +113,14 @@ class RouterPrefixIndex:
                 self._num_nodes += 1
             path.append(child)
             node = child
+        move = lru.move_to_end
         for node in reversed(path):
-            node.holders[endpoint] = now_s
-            lru[node] = None
-            lru.move_to_end(node)
+            holders = node.holders
+            if endpoint in holders:
+                move(node)
+            else:
+                lru[node] = None  # new entries go to the end already
+            holders[endpoint] = now_s
         capacity = self.capacity_blocks_per_endpoint
         while len(lru) > capacity:
             victim, _ = lru.popitem(last=False)

@@ -8,9 +8,10 @@ run is a pure function of its inputs.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from longroute.estimators.rtt import RttEwma
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RequestRecord
 from longroute.queueing.base import QUEUE_POLICIES
@@ -25,7 +26,6 @@ from longroute.sim.sequence import Sequence as EngineSeq
 from longroute.types import SLO, Endpoint, Request
 from longroute.workloads.types import Session, Workload
 
-RTT_EWMA_ALPHA = 0.2
 MAX_REJECTION_REASONS = 5
 
 
@@ -130,9 +130,10 @@ class Simulation:
                 is_prefix_caching=self.options.is_prefix_caching,
                 is_fast_forward=self.options.is_fast_forward,
             )
-        self._rtt_ewma_ms = dict(base_rtt)
+        self._rtt = {name: RttEwma(rtt_ms) for name, rtt_ms in base_rtt.items()}
         self._records: list[RequestRecord] = []
         self._pending_sessions: list[Session] = []
+        self._arrivals: Iterator[tuple[float, Session]] = iter(())
         self._next_session = 0
         self._num_rejected = 0
         self._rejections: list[str] = []
@@ -140,8 +141,9 @@ class Simulation:
     # ---- driving -------------------------------------------------------
     def run(self) -> SimResult:
         if self.clients.kind == "open":
-            for t, session in open_loop_starts(self.clients, self.workload, self._rng):
-                self.loop.at(t, self._issue, (session, 0, None), None)
+            # one pending arrival at a time keeps the event heap small
+            self._arrivals = iter(open_loop_starts(self.clients, self.workload, self._rng))
+            self._schedule_next_arrival()
         else:
             assert self.clients.num_users is not None
             self._pending_sessions = list(self.workload.sessions)
@@ -162,6 +164,15 @@ class Simulation:
             num_rejected=self._num_rejected,
             rejections=tuple(self._rejections),
         )
+
+    def _schedule_next_arrival(self) -> None:
+        nxt = next(self._arrivals, None)
+        if nxt is not None:
+            self.loop.at(nxt[0], self._open_arrival, nxt[1], None)
+
+    def _open_arrival(self, session: Session, _: object) -> None:
+        self._schedule_next_arrival()
+        self._issue((session, 0, None), None)
 
     def _start_next_session(self, user: int, t_s: float) -> None:
         if self._next_session >= len(self._pending_sessions):
@@ -239,10 +250,8 @@ class Simulation:
         assert flight.first_token_s is not None
         self.fleet.record_complete(request, name, is_prefill_counted=False)
         self.router.on_complete(request, name, now_s, True)
-        ewma = self._rtt_ewma_ms[name]
-        ewma += RTT_EWMA_ALPHA * (flight.rtt_s * 1000.0 - ewma)
-        self._rtt_ewma_ms[name] = ewma
-        self.fleet.set_rtt(name, ewma)
+        # every answer is a passive RTT probe
+        self.fleet.set_rtt(name, self._rtt[name].update(flight.rtt_s * 1000.0))
         endpoint = self.fleet.endpoint(name)
         self._records.append(
             RequestRecord(
