@@ -38,7 +38,7 @@ class NetworkConfig(_Model):
         full: dict[str, dict[str, float]] = {r: {} for r in regions}
         for a, row in self.rtt_ms.items():
             for b, v in row.items():
-                if v < 0:
+                if not v >= 0:  # NaN too
                     raise ValueError(f"rtt_ms.{a}.{b} must be >= 0, got {v}")
                 other = self.rtt_ms.get(b, {}).get(a)
                 if other is not None and other != v:

@@ -37,7 +37,8 @@ class ClientSpec:
             raise ValueError("closed-loop clients need num_users >= 1")
         if self.kind == "open" and self.arrival != "trace" and not (self.rate_per_s or 0) > 0:
             raise ValueError(f"open-loop {self.arrival} arrivals need rate_per_s > 0")
-        if self.cv <= 0 or self.time_scale <= 0 or self.think_time_s < 0:
+        # written so that NaN fails every comparison and is rejected
+        if not (self.cv > 0 and self.time_scale > 0 and self.think_time_s >= 0):
             raise ValueError("need cv > 0, time_scale > 0 and think_time_s >= 0")
 
 

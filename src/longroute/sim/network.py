@@ -29,7 +29,8 @@ class Network:
                 f"router region {router_region!r} is not in the RTT matrix; "
                 f"regions: {', '.join(sorted(rtt_ms))}"
             )
-        if jitter_sigma < 0 or not 0 <= peak_probability <= 1 or peak_multiplier < 1:
+        # written so that NaN fails every comparison and is rejected
+        if not (jitter_sigma >= 0 and 0 <= peak_probability <= 1 and peak_multiplier >= 1):
             raise ValueError(
                 "need jitter_sigma >= 0, 0 <= peak_probability <= 1, peak_multiplier >= 1; got "
                 f"{jitter_sigma}, {peak_probability}, {peak_multiplier}"
