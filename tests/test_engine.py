@@ -163,12 +163,12 @@ def test_kv_pressure_preempts_and_everything_still_finishes() -> None:
     )
     sim, res = _run(Workload("burst", sessions, BLOCK), TRACE, endpoints=[ep])
     engine = sim.engines["e0"]
-    assert engine.capacity_tokens < 20_000
+    assert engine.kv.capacity_tokens < 20_000
     assert len(res.records) == 60
     assert res.num_preemptions > 0
     assert sum(r.num_preemptions for r in res.records) == res.num_preemptions
-    assert engine.num_private_tokens == 0
-    assert engine.cache.num_blocks == engine.cache.num_evictable_blocks  # nothing pinned
+    assert engine.kv.num_private_tokens == 0
+    assert engine.kv.cache.num_blocks == engine.kv.cache.num_evictable_blocks  # nothing pinned
 
 
 def test_fleet_counters_return_to_zero() -> None:

@@ -25,18 +25,16 @@ Speed, without losing iteration-level fidelity:
 
 from __future__ import annotations
 
-import heapq
 from typing import Protocol
 
 from longroute.estimators.runtime import RuntimePredictor
-from longroute.prefix.engine_cache import EnginePrefixCache
 from longroute.queueing.base import QueuePolicy
 from longroute.sim.batching import BatchPacker
+from longroute.sim.decode_group import DecodeGroup
 from longroute.sim.events import EventLoop
+from longroute.sim.kv_memory import KvMemory
 from longroute.sim.sequence import Sequence
 from longroute.types import Endpoint, Request
-
-_StepHeap = list[tuple[int, int, int, Sequence]]  # (step, order, epoch, seq)
 
 
 class EngineListener(Protocol):
@@ -71,20 +69,16 @@ class EngineModel:
         self.listener = listener
         self.queue = queue
         self.packer = packer
-        self.cache = EnginePrefixCache(prefix_block_tokens)
-        self.is_prefix_caching = is_prefix_caching
+        self.kv = KvMemory(
+            predictor.kv_capacity_tokens(endpoint.gpu_memory_utilization),
+            endpoint.block_size_tokens,
+            prefix_block_tokens,
+            is_prefix_caching=is_prefix_caching,
+        )
         self.is_fast_forward = is_fast_forward
-        self.capacity_tokens = predictor.kv_capacity_tokens(endpoint.gpu_memory_utilization)
-        self.kv_block_tokens = endpoint.block_size_tokens
         self.max_num_seqs = endpoint.max_num_seqs
         self.prefilling: list[Sequence] = []
-        self.decoding: dict[Sequence, None] = {}  # admission order
-        self.step = 0  # decode iterations run so far
-        self.decode_ctx_tokens = 0  # sum of computed tokens of decoding sequences
-        self._finish_heap: _StepHeap = []
-        self._alloc_heap: _StepHeap = []
-        self._order = 0
-        self.num_private_tokens = 0
+        self.decoding = DecodeGroup(self.kv)
         self.num_iterations = 0
         self.num_preemptions = 0
         self._version = 0
@@ -96,11 +90,12 @@ class EngineModel:
     # ---- public --------------------------------------------------------
     def submit(self, request: Request, now_s: float, tag: object = None) -> Sequence:
         """A request reached the engine at ``now_s``."""
-        if request.block_hashes and request.block_size_tokens != self.cache.block_size_tokens:
+        cache_block_tokens = self.kv.cache.block_size_tokens
+        if request.block_hashes and request.block_size_tokens != cache_block_tokens:
             raise ValueError(
                 f"request {request.request_id!r} hashes {request.block_size_tokens}-token "
                 f"blocks but engine {self.endpoint.name!r} caches "
-                f"{self.cache.block_size_tokens}-token blocks"
+                f"{cache_block_tokens}-token blocks"
             )
         seq = Sequence(request, now_s, tag)
         self.queue.push(seq, now_s)
@@ -116,130 +111,16 @@ class EngineModel:
 
     def stats(self) -> tuple[int, int, float]:
         """(waiting, running, KV usage in [0, 1]) as an engine's /metrics would show."""
-        pinned = self.cache.num_blocks - self.cache.num_evictable_blocks
-        used = pinned * self.cache.block_size_tokens + self.num_private_tokens
-        return len(self.queue), self.num_running, used / self.capacity_tokens
-
-    # ---- memory --------------------------------------------------------
-    def _free_tokens(self) -> int:
-        tree = self.cache.num_blocks * self.cache.block_size_tokens
-        return self.capacity_tokens - tree - self.num_private_tokens
-
-    def _ensure_free(self, num_tokens: int) -> bool:
-        """Make ``num_tokens`` free, evicting unpinned cache blocks if needed."""
-        free = self._free_tokens()
-        if free >= num_tokens:
-            return True
-        bs = self.cache.block_size_tokens
-        num_blocks = -(-(num_tokens - free) // bs)
-        if num_blocks > self.cache.num_evictable_blocks:
-            return False
-        self.cache.evict(num_blocks)
-        return True
-
-    def _reserve(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Allocate private KV for ``num_new_tokens`` more tokens of a prefilling ``seq``."""
-        kvb = self.kv_block_tokens
-        private = seq.num_computed_tokens + num_new_tokens
-        private -= seq.num_pinned_blocks * self.cache.block_size_tokens
-        extra = -(-private // kvb) * kvb - seq.num_private_alloc_tokens
-        if extra <= 0:
-            return True
-        if not self._ensure_free(extra):
-            return False
-        seq.num_private_alloc_tokens += extra
-        self.num_private_tokens += extra
-        return True
-
-    def _release(self, seq: Sequence) -> None:
-        if seq.num_pinned_blocks:
-            self.cache.release(seq.hashes, seq.num_pinned_blocks)
-            seq.num_pinned_blocks = 0
-        self.num_private_tokens -= seq.num_private_alloc_tokens
-        seq.num_private_alloc_tokens = 0
-
-    def _settle_blocks(self, seq: Sequence) -> None:
-        """After compute: full prompt blocks join the cache; shrink the private part."""
-        bs = self.cache.block_size_tokens
-        if self.is_prefix_caching and seq.hashes:
-            num_full = min(len(seq.hashes), seq.num_computed_tokens // bs)
-            if num_full > seq.num_pinned_blocks:
-                self.cache.insert(seq.hashes, seq.num_pinned_blocks, num_full)
-                seq.num_pinned_blocks = num_full
-        kvb = self.kv_block_tokens
-        private = seq.num_computed_tokens - seq.num_pinned_blocks * bs
-        alloc = -(-private // kvb) * kvb
-        self.num_private_tokens += alloc - seq.num_private_alloc_tokens
-        seq.num_private_alloc_tokens = alloc
-
-    # ---- decoding group ------------------------------------------------
-    def _start_decoding(self, seq: Sequence) -> None:
-        step = self.step
-        seq.epoch += 1
-        seq.base_step = step
-        seq.base_computed = seq.num_computed_tokens
-        seq.base_generated = seq.num_generated
-        seq.finish_step = step + seq.num_output_tokens - seq.num_generated
-        self.decoding[seq] = None
-        self.decode_ctx_tokens += seq.num_computed_tokens
-        self._order += 1
-        heapq.heappush(self._finish_heap, (seq.finish_step, self._order, seq.epoch, seq))
-        room = seq.num_pinned_blocks * self.cache.block_size_tokens + seq.num_private_alloc_tokens
-        alloc_step = step + room - seq.num_computed_tokens
-        heapq.heappush(self._alloc_heap, (alloc_step, self._order, seq.epoch, seq))
-
-    def _stop_decoding(self, seq: Sequence) -> None:
-        """Bring the sequence's counters up to date and take it out of the group."""
-        done = self.step - seq.base_step
-        seq.num_computed_tokens = seq.base_computed + done
-        seq.num_generated = seq.base_generated + done
-        del self.decoding[seq]
-        self.decode_ctx_tokens -= seq.num_computed_tokens
-        seq.epoch += 1  # invalidates its heap entries
-
-    def _grow_decodes(self, upto_step: int) -> bool:
-        """Give each decoding sequence the KV blocks it needs for steps < ``upto_step``.
-
-        Returns False if memory ran out (the caller preempts and retries).
-        """
-        heap = self._alloc_heap
-        kvb = self.kv_block_tokens
-        free = self._free_tokens()
-        while heap and heap[0][0] < upto_step:
-            alloc_step, order, epoch, seq = heap[0]
-            if epoch != seq.epoch:
-                heapq.heappop(heap)
-                continue
-            need = -(-(upto_step - alloc_step) // kvb) * kvb
-            if need > free:
-                if not self._ensure_free(need):
-                    return False
-                free = self._free_tokens()
-            free -= need
-            seq.num_private_alloc_tokens += need
-            self.num_private_tokens += need
-            heapq.heapreplace(heap, (alloc_step + need, order, epoch, seq))
-        return True
-
-    def _pop_finished(self) -> list[Sequence]:
-        heap = self._finish_heap
-        step = self.step
-        finished = []
-        while heap and heap[0][0] <= step:
-            _, _, epoch, seq = heapq.heappop(heap)
-            if epoch == seq.epoch:
-                self._stop_decoding(seq)
-                finished.append(seq)
-        return finished
+        return len(self.queue), self.num_running, self.kv.usage()
 
     # ---- scheduling ----------------------------------------------------
     def _preempt_newest(self) -> Sequence:
         if self.prefilling:
             victim = self.prefilling.pop()
         else:
-            victim = next(reversed(self.decoding))
-            self._stop_decoding(victim)
-        self._release(victim)
+            victim = self.decoding.newest()
+            self.decoding.remove(victim)
+        self.kv.release(victim)
         victim.target_tokens = victim.num_prompt_tokens + victim.num_generated
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
@@ -249,11 +130,11 @@ class EngineModel:
 
     def _schedule_running(self) -> tuple[list[tuple[Sequence, int]], bool]:
         is_preempted = False
-        while self.decoding and not self._grow_decodes(self.step + 1):
+        while self.decoding and not self.decoding.grow(self.decoding.step + 1):
             self._preempt_newest()
             is_preempted = True
         if self.decoding:
-            self.packer.grant_decodes(len(self.decoding), self.decode_ctx_tokens)
+            self.packer.grant_decodes(len(self.decoding), self.decoding.context_tokens)
         plan: list[tuple[Sequence, int]] = []
         grant = self.packer.grant
         prefilling = self.prefilling
@@ -263,7 +144,7 @@ class EngineModel:
             n = grant(seq, seq.target_tokens - seq.num_computed_tokens)
             if n == 0:
                 break
-            while not self._reserve(seq, n):
+            while not self.kv.reserve(seq, n):
                 is_preempted = True
                 if self._preempt_newest() is seq:
                     n = 0
@@ -276,20 +157,15 @@ class EngineModel:
 
     def _admit(self, seq: Sequence) -> int:
         """Try to start ``seq``: prefix match, grant, reserve. Returns tokens (0 = no)."""
-        bs = self.cache.block_size_tokens
-        num_hit = 0
-        if self.is_prefix_caching and seq.hashes:
-            num_hit = min(self.cache.match(seq.hashes), (seq.target_tokens - 1) // bs)
-            if num_hit:
-                self.cache.acquire(seq.hashes, num_hit)
-        seq.num_pinned_blocks = num_hit
-        seq.num_computed_tokens = num_hit * bs
+        kv = self.kv
+        num_hit = kv.match_and_pin(seq)
+        seq.num_computed_tokens = num_hit * kv.cache.block_size_tokens
         n = self.packer.grant(seq, seq.target_tokens - seq.num_computed_tokens)
-        if n and self._reserve(seq, n):
+        if n and kv.reserve(seq, n):
             if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = num_hit * bs
+                seq.num_cached_tokens = seq.num_computed_tokens
             return n
-        self._release(seq)
+        kv.release(seq)
         seq.num_computed_tokens = 0
         return 0
 
@@ -335,23 +211,20 @@ class EngineModel:
             pairs += n * c + n * (n + 1) / 2
             prefill_ctx += c
         return self.predictor.iteration_time_s(
-            num_prefill, pairs, prefill_ctx, num_decodes, self.decode_ctx_tokens
+            num_prefill, pairs, prefill_ctx, num_decodes, self.decoding.context_tokens
         )
 
     # ---- decode stretches ---------------------------------------------
     def _try_stretch(self, now_s: float) -> bool:
         batch = len(self.decoding)
-        heap = self._finish_heap
-        while heap[0][2] != heap[0][3].epoch:  # drop entries of departed sequences
-            heapq.heappop(heap)
-        num_steps = heap[0][0] - self.step
+        num_steps = self.decoding.steps_to_next_finish()
         # each later step needs at most one new KV block per sequence per kvb steps
-        kvb = self.kv_block_tokens
-        room = self._free_tokens() + self.cache.num_evictable_blocks * self.cache.block_size_tokens
+        kvb = self.kv.kv_block_tokens
+        room = self.kv.reclaimable_tokens()
         num_steps = min(num_steps, 1 + kvb * (room // (kvb * batch)))
         if num_steps < 2:
             return False
-        ctx = self.decode_ctx_tokens
+        ctx = self.decoding.context_tokens
         self._stretch = (now_s, num_steps, batch, ctx)
         t_end = now_s + self.predictor.decode_stretch_time_s(batch, ctx, num_steps)
         self.loop.at(t_end, self._on_stretch_end, self._version)
@@ -377,12 +250,11 @@ class EngineModel:
         self._stretch = None
         self.num_iterations += num_steps
         # blocks for the skipped steps; the stretch's memory bound guarantees room
-        is_ok = self._grow_decodes(self.step + num_steps)
+        is_ok = self.decoding.grow(self.decoding.step + num_steps)
         assert is_ok, "decode stretch ran out of KV memory"
-        self.step += num_steps
-        self.decode_ctx_tokens += len(self.decoding) * num_steps
+        self.decoding.advance(num_steps)
         now_s = self.loop.now_s
-        self._finish(self._pop_finished(), now_s)
+        self._finish(self.decoding.pop_finished(), now_s)
         self._step(now_s)
 
     # ---- iteration end -------------------------------------------------
@@ -393,14 +265,13 @@ class EngineModel:
         self.num_iterations += 1
         finished: list[Sequence] = []
         if self._plan_num_decodes:
-            self.step += 1
-            self.decode_ctx_tokens += len(self.decoding)
-            finished = self._pop_finished()
+            self.decoding.advance(1)
+            finished = self.decoding.pop_finished()
         listener = self.listener
         is_done_prefilling = False
         for seq, n in self._plan:
             seq.num_computed_tokens += n
-            self._settle_blocks(seq)
+            self.kv.settle(seq)
             if seq.num_computed_tokens < seq.target_tokens:
                 continue
             is_done_prefilling = True
@@ -411,7 +282,7 @@ class EngineModel:
             if seq.num_generated >= seq.num_output_tokens:
                 finished.append(seq)
             else:
-                self._start_decoding(seq)
+                self.decoding.add(seq)
         if is_done_prefilling:
             self.prefilling = [
                 s for s in self.prefilling if s.num_computed_tokens < s.target_tokens
@@ -422,5 +293,5 @@ class EngineModel:
 
     def _finish(self, finished: list[Sequence], now_s: float) -> None:
         for seq in finished:
-            self._release(seq)
+            self.kv.release(seq)
             self.listener.on_finish(seq, now_s)
