@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
-from longroute.prefix.router_index import RouterPrefixIndex, _Node
+from longroute.prefix.router_index import RouterPrefixIndex
 
 
-def _check_invariants(index: RouterPrefixIndex) -> None:
-    """Holders shrink along paths, no node is unheld, counts agree with the tree."""
-    num_nodes = 0
+def _check_invariants(index: RouterPrefixIndex, paths: list[list[int]]) -> None:
+    """Holders shrink along paths, no node is unheld, counts agree with the tree.
+
+    The index stores its tree flat (hashes are chained), so the parent of each
+    block comes from the prompts the test inserted (``paths``).
+    """
+    holders = index._holders
+    for path in paths:
+        for parent, child in itertools.pairwise(path):
+            if child in holders:
+                assert parent in holders, "a held block's prefix must be held"
+                assert set(holders[child]) <= set(holders[parent]), "holdings must be prefix-closed"
     held: dict[str, int] = dict.fromkeys(index.endpoint_names, 0)
-    stack: list[_Node] = list(index._root.children.values())
-    while stack:
-        node = stack.pop()
-        num_nodes += 1
-        assert node.holders, "a node held by no endpoint must be removed"
-        parent = node.parent
-        assert parent is not None
-        if parent is not index._root:
-            assert set(node.holders) <= set(parent.holders), "holdings must be prefix-closed"
-        for name in node.holders:
+    for block_holders in holders.values():
+        assert block_holders, "a node held by no endpoint must be removed"
+        for name in block_holders:
             held[name] += 1
-        stack.extend(node.children.values())
-    assert num_nodes == index.num_nodes()
+    assert len(holders) == index.num_nodes()
     for name, count in held.items():
         assert count == index.num_blocks(name)
         assert count <= index.capacity_blocks_per_endpoint
@@ -36,15 +38,16 @@ def test_match_counts_leading_blocks_per_endpoint() -> None:
     index.insert([1, 2, 3], "a", 0.0)
     index.insert([1, 2, 4], "b", 0.0)
     index.insert([1, 5], "c", 0.0)
-    index.insert([9, 2, 3], "d", 0.0)  # same later hashes under another root: no match
+    index.insert([9, 12, 13], "d", 0.0)  # another root: no match for the others
     assert index.match([1, 2, 3, 7]) == {"a": 3, "b": 2, "c": 1}
     assert index.match([1, 2, 4]) == {"a": 2, "b": 3, "c": 1}
     assert index.match([1, 5, 6]) == {"a": 1, "b": 1, "c": 2}
-    assert index.match([2, 3]) == {}
+    assert index.match([20, 21]) == {}  # hashes are chained: a new first block, a new path
     assert index.match([]) == {}
     assert index.num_nodes() == 8
     assert [index.num_blocks(n) for n in "abcd"] == [3, 3, 2, 3]
-    _check_invariants(index)
+    assert index.match([9, 12, 13]) == {"d": 3}
+    _check_invariants(index, [[1, 2, 3], [1, 2, 4], [1, 5], [9, 12, 13]])
 
 
 def test_eviction_is_lru_and_leaf_first() -> None:
@@ -62,7 +65,7 @@ def test_eviction_is_lru_and_leaf_first() -> None:
     assert index.match([4, 5, 6]) == {"a": 2}
     assert index.match([7, 8]) == {"a": 2}
     assert index.num_nodes() == 4
-    _check_invariants(index)
+    _check_invariants(index, [[1, 2, 3], [4, 5, 6], [7, 8]])
 
 
 def test_shared_prefix_counts_once_and_survives_other_holders() -> None:
@@ -77,7 +80,7 @@ def test_shared_prefix_counts_once_and_survives_other_holders() -> None:
     assert index.match([1, 2, 3]) == {"b": 3}
     assert index.match([1, 2, 7]) == {"b": 2}
     assert index.num_nodes() == 7
-    _check_invariants(index)
+    _check_invariants(index, [[1, 2, 3], [1, 2, 7], [5, 6, 8, 9]])
 
 
 def test_reinsert_refreshes_lru() -> None:
@@ -110,13 +113,14 @@ def test_remove_endpoint_drops_only_its_holdings() -> None:
     assert index.num_nodes() == 2
     index.insert([1, 9], "a", 1.0)  # still a known endpoint
     assert index.match([1, 9]) == {"a": 2, "b": 1}
-    _check_invariants(index)
+    _check_invariants(index, [[1, 2, 3], [1, 2], [4], [1, 9]])
 
 
 def test_random_operations_keep_invariants() -> None:
     rng = random.Random(3)
     names = ["a", "b", "c"]
     index = RouterPrefixIndex(names, capacity_blocks_per_endpoint=20)
+    paths = [[doc * 1000 + i for i in range(30)] for doc in range(8)]
     for step in range(2000):
         name = rng.choice(names)
         if rng.random() < 0.01:
@@ -128,8 +132,8 @@ def test_random_operations_keep_invariants() -> None:
         index.insert(prompt, name, float(step))
         assert index.match(prompt)[name] == min(len(prompt), 20)
         if step % 100 == 0:
-            _check_invariants(index)
-    _check_invariants(index)
+            _check_invariants(index, paths)
+    _check_invariants(index, paths)
 
 
 def test_errors_name_the_bad_value() -> None:

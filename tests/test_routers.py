@@ -359,7 +359,7 @@ def test_prefix_cache_miss_goes_to_emptiest_tree() -> None:
     assert decision.reason.startswith("cache miss")
     assert decision.scores == {"e0": 10.0, "e1": 3.0, "e2": 5.0}
     # a 1-of-4 block match (0.25 < 0.5) is not worth it: still the emptiest tree
-    assert router.route(req("part", block_hashes=[0, 7, 8, 9]), fleet, 1.0).endpoint == "e1"
+    assert router.route(req("part", block_hashes=[0, 907, 908, 909]), fleet, 1.0).endpoint == "e1"
     # equal trees: the less loaded wins
     fleet.record_dispatch(req("x3", block_hashes=[300, 301]), "e1", 0.0)
     assert router.route(req("new2", block_hashes=[950]), fleet, 1.0).endpoint == "e2"

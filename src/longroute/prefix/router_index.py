@@ -12,24 +12,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
-class _Node:
-    """One block of some prompt; its chained hash determines the whole prefix."""
-
-    __slots__ = ("block_hash", "children", "holders", "parent")
-
-    def __init__(self, block_hash: int, parent: _Node | None) -> None:
-        self.block_hash = block_hash
-        self.parent = parent
-        self.children: dict[int, _Node] = {}
-        # endpoint name -> last access time (s) of this block on that endpoint
-        self.holders: dict[str, float] = {}
-
-
 class RouterPrefixIndex:
     """A shared prefix tree of block hashes with per-endpoint LRU holdings.
 
-    Structure: one tree for all endpoints; a node per block hash, its children
-    keyed by the next block hash. Each node records, for every endpoint that is
+    Structure: one tree for all endpoints, a node per block. Block hashes are
+    chained (a hash names its whole prefix), so the tree is stored flat as
+    ``hash -> holders`` and a path is walked by looking up each hash in turn
+    (as vLLM's hash-keyed block pool does). Each node records, for every endpoint that is
     believed to hold it, the last time (``now_s`` of an :meth:`insert`) it was
     sent there. Every endpoint's holdings are *prefix-closed*: if it holds a
     node it holds all the node's ancestors, so the holders of a child are a
@@ -64,11 +53,11 @@ class RouterPrefixIndex:
         if len(set(endpoint_names)) != len(endpoint_names):
             raise ValueError(f"endpoint_names must be unique, got {list(endpoint_names)}")
         self.capacity_blocks_per_endpoint = capacity_blocks_per_endpoint
-        self._root = _Node(0, None)
-        self._lru: dict[str, OrderedDict[_Node, None]] = {
+        # block hash -> {endpoint: last access time (s)}
+        self._holders: dict[int, dict[str, float]] = {}
+        self._lru: dict[str, OrderedDict[int, None]] = {
             name: OrderedDict() for name in endpoint_names
         }
-        self._num_nodes = 0
 
     @property
     def endpoint_names(self) -> tuple[str, ...]:
@@ -78,23 +67,22 @@ class RouterPrefixIndex:
         """Leading blocks of this prompt each endpoint holds (only endpoints holding >= 1)."""
         if not block_hashes:
             return {}
-        node = self._root.children.get(block_hashes[0])
-        if node is None:
+        all_holders = self._holders
+        holders = all_holders.get(block_hashes[0])
+        if holders is None:
             return {}
         matched: dict[str, int] = {}
         depth = 1
-        holders = node.holders
         for i in range(1, len(block_hashes)):
-            child = node.children.get(block_hashes[i])
-            if child is None:
+            child_holders = all_holders.get(block_hashes[i])
+            if child_holders is None:
                 break
-            child_holders = child.holders
             if len(child_holders) != len(holders):
                 # holders only shrink along a path; record those that stop here
                 for name in holders:
                     if name not in child_holders:
                         matched[name] = depth
-            node, holders = child, child_holders
+            holders = child_holders
             depth += 1
         for name in holders:
             matched[name] = depth
@@ -103,23 +91,19 @@ class RouterPrefixIndex:
     def insert(self, block_hashes: Sequence[int], endpoint: str, now_s: float) -> None:
         """Mark the prompt's whole block path as held by ``endpoint`` at ``now_s``."""
         lru = self._lru_of(endpoint)
-        path: list[_Node] = []
-        node = self._root
-        for block_hash in block_hashes:
-            child = node.children.get(block_hash)
-            if child is None:
-                child = _Node(block_hash, node)
-                node.children[block_hash] = child
-                self._num_nodes += 1
-            path.append(child)
-            node = child
+        all_holders = self._holders
         move = lru.move_to_end
-        for node in reversed(path):
-            holders = node.holders
+        # leaf first, so every block sits after its held descendants in the LRU order
+        for block_hash in reversed(block_hashes):
+            holders = all_holders.get(block_hash)
+            if holders is None:
+                all_holders[block_hash] = {endpoint: now_s}
+                lru[block_hash] = None
+                continue
             if endpoint in holders:
-                move(node)
+                move(block_hash)
             else:
-                lru[node] = None  # new entries go to the end already
+                lru[block_hash] = None
             holders[endpoint] = now_s
         capacity = self.capacity_blocks_per_endpoint
         while len(lru) > capacity:
@@ -132,25 +116,23 @@ class RouterPrefixIndex:
 
     def num_nodes(self) -> int:
         """Nodes in the shared tree (each held by at least one endpoint)."""
-        return self._num_nodes
+        return len(self._holders)
 
     def remove_endpoint(self, endpoint: str) -> None:
         """Forget everything ``endpoint`` holds (e.g. its engine restarted); it stays known."""
         lru = self._lru_of(endpoint)
-        for node in lru:  # descendants come before ancestors
-            self._release(node, endpoint)
+        for block_hash in lru:  # descendants come before ancestors
+            self._release(block_hash, endpoint)
         lru.clear()
 
-    def _release(self, node: _Node, endpoint: str) -> None:
-        del node.holders[endpoint]
-        if not node.holders:
+    def _release(self, block_hash: int, endpoint: str) -> None:
+        holders = self._holders[block_hash]
+        del holders[endpoint]
+        if not holders:
             # no holders -> no descendants are held either, so it is a leaf
-            parent = node.parent
-            assert parent is not None
-            del parent.children[node.block_hash]
-            self._num_nodes -= 1
+            del self._holders[block_hash]
 
-    def _lru_of(self, endpoint: str) -> OrderedDict[_Node, None]:
+    def _lru_of(self, endpoint: str) -> OrderedDict[int, None]:
         try:
             return self._lru[endpoint]
         except KeyError:
