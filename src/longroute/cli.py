@@ -162,6 +162,16 @@ def simulate(
         console.print(f"report: {folder} ({len(paths)} files)")
 
 
+def _register_commands() -> None:
+    """Verbs whose code lives in their own packages (imported lazily inside them)."""
+    from longroute.bench.cli import bench_command
+
+    app.command("bench")(bench_command)
+
+
+_register_commands()
+
+
 def main() -> None:
     app()
 

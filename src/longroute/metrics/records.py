@@ -21,7 +21,7 @@ class RequestRecord:
     router: str
     endpoint: str
     model: str
-    region: str
+    region: str | None  # None when the client cannot know it (load generator)
     arrival_s: float
     dispatch_s: float
     first_token_s: float

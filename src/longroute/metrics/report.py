@@ -93,7 +93,7 @@ def _best(values: Sequence[float | int | None], better: Better) -> float | int |
     return min(present) if better == "lower" else max(present)
 
 
-def summary_table(summaries: SummaryMap, *, title: str) -> Table:
+def summary_table(summaries: SummaryMap, *, title: str, row_header: str = "router") -> Table:
     """One row per router; the best value of each comparable column in bold green.
 
     Latencies and load concentration: lower is better; throughput, cache hit
@@ -101,7 +101,7 @@ def summary_table(summaries: SummaryMap, *, title: str) -> Table:
     column with fewer than two values highlights nothing. Missing data is "—".
     """
     table = Table(title=title)
-    table.add_column("router", style="bold")
+    table.add_column(row_header, style="bold")
     for header, _, _, _ in _COLUMNS:
         table.add_column(header, justify="right")
     routers = list(summaries)
