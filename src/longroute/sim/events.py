@@ -44,6 +44,11 @@ class EventLoop:
             self._num_live += 1
 
     @property
+    def next_event_s(self) -> float | None:
+        """Time of the earliest pending event (background ones included), or None."""
+        return self._heap[0][0] if self._heap else None
+
+    @property
     def has_live_events(self) -> bool:
         """True while some event other than background ones is pending."""
         return self._num_live > 0

@@ -1,0 +1,98 @@
+"""`longroute emulate`: the command function (registered by longroute.cli)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from longroute.emulator.options import DEFAULT_PORT, DEFAULT_PREFIX_BLOCK_TOKENS, EmulatorOptions
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]error:[/] {escape(message)}", highlight=False
+    )
+    return typer.Exit(code=2)
+
+
+def emulate_command(
+    profile: Annotated[str, typer.Option(help="Model profile to emulate (see `simulate --list`).")],
+    hardware: Annotated[str, typer.Option(help="Hardware profile of each GPU.")] = "h100",
+    num_gpus: Annotated[int, typer.Option(help="GPUs (tensor parallel).")] = 1,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = DEFAULT_PORT,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model name clients use (default: the profile name).")
+    ] = None,
+    speed: Annotated[
+        float, typer.Option(help="Time factor: 10 runs the engine 10x faster than real time.")
+    ] = 1.0,
+    max_num_seqs: Annotated[int, typer.Option(help="Most sequences in a batch.")] = 256,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="Token budget of one engine iteration (chunked prefill).")
+    ] = 8192,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(help="Context limit in tokens (default: the model's, capped by KV memory)."),
+    ] = None,
+    prefix_block_tokens: Annotated[
+        int, typer.Option(help="Tokens per prefix-cache block.")
+    ] = DEFAULT_PREFIX_BLOCK_TOKENS,
+    network_delay_ms: Annotated[
+        float,
+        typer.Option(help="Round trip added to every request, emulated ms (stands for a region)."),
+    ] = 0.0,
+    error_rate: Annotated[
+        float, typer.Option(help="Fraction of requests answered 500 before any byte.")
+    ] = 0.0,
+    hang_rate: Annotated[float, typer.Option(help="Fraction of requests never answered.")] = 0.0,
+    crash_after_tokens: Annotated[
+        int | None, typer.Option(help="Cut crashing streams after this many tokens.")
+    ] = None,
+    crash_rate: Annotated[
+        float, typer.Option(help="Fraction of streamed responses cut (needs --crash-after-tokens).")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed of the fault decisions.")] = 0,
+) -> None:
+    """Serve an OpenAI-compatible engine emulator timed by the simulator's engine model."""
+    from longroute.emulator.options import build_endpoint, build_predictor
+    from longroute.emulator.runner import run_emulator
+
+    try:
+        options = EmulatorOptions(
+            profile=profile,
+            hardware=hardware,
+            num_gpus=num_gpus,
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            speed=speed,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len_tokens=max_model_len,
+            prefix_block_tokens=prefix_block_tokens,
+            network_delay_ms=network_delay_ms,
+            error_rate=error_rate,
+            hang_rate=hang_rate,
+            crash_rate=crash_rate,
+            crash_after_tokens=crash_after_tokens,
+            seed=seed,
+        )
+        # unknown profiles (ProfileError), a model that does not fit, bad limits
+        build_endpoint(options, build_predictor(options))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+    def on_ready(url: str) -> None:
+        print(f"emulator {options.model_name} listening on {url}", file=sys.stderr, flush=True)
+
+    try:
+        run_emulator(options, on_ready)
+    except OSError as exc:  # e.g. the port is taken
+        raise _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,134 @@
+"""Options of one emulated engine, and the engine parts they build.
+
+Read once when the emulator starts; ``EmulatorOptions`` validates itself, so
+a bad value fails before any socket is opened, naming the value and its range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from longroute.estimators.profiles import load_hardware_profile, load_model_profile
+from longroute.estimators.runtime import RuntimePredictor
+from longroute.types import Endpoint
+
+DEFAULT_PORT = 8000
+DEFAULT_PREFIX_BLOCK_TOKENS = 16
+KV_BLOCK_TOKENS = 16  # vLLM's default KV block size
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatorOptions:
+    """What ``longroute emulate`` takes; the defaults are those of the CLI.
+
+    ``speed`` scales time: 10 runs the engine model ten times faster than
+    real time. ``network_delay_ms`` is a round trip added to every request,
+    half before the engine sees it and half before the response starts (it
+    stands for a region); like every emulated duration it is divided by
+    ``speed`` on the wall clock. Fault rates are fractions of requests, decided by
+    RNGs seeded with ``seed``: ``error_rate`` answer 500 before any byte,
+    ``hang_rate`` never answer, ``crash_rate`` of streamed responses have
+    their connection cut after ``crash_after_tokens`` tokens.
+    """
+
+    profile: str
+    hardware: str = "h100"
+    num_gpus: int = 1
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    served_model_name: str | None = None
+    speed: float = 1.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len_tokens: int | None = None
+    prefix_block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS
+    gpu_memory_utilization: float = 0.9
+    network_delay_ms: float = 0.0
+    error_rate: float = 0.0
+    hang_rate: float = 0.0
+    crash_rate: float = 0.0
+    crash_after_tokens: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int("num_gpus", self.num_gpus, 1)
+        _check_int("port", self.port, 0, 65535)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        _check_int("prefix_block_tokens", self.prefix_block_tokens, 1)
+        if self.max_model_len_tokens is not None:
+            _check_int("max_model_len_tokens", self.max_model_len_tokens, 2)
+        if not (math.isfinite(self.speed) and self.speed > 0.0):
+            raise ValueError(f"speed must be a finite number > 0, got {self.speed}")
+        if not (math.isfinite(self.network_delay_ms) and self.network_delay_ms >= 0.0):
+            raise ValueError(f"network_delay_ms must be >= 0, got {self.network_delay_ms}")
+        for name in ("error_rate", "hang_rate", "crash_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:  # also rejects NaN
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        if self.crash_after_tokens is not None:
+            _check_int("crash_after_tokens", self.crash_after_tokens, 0)
+        if self.crash_rate > 0.0 and self.crash_after_tokens is None:
+            raise ValueError("crash_rate > 0 needs crash_after_tokens (where to cut the stream)")
+        if self.crash_after_tokens is not None and self.crash_rate == 0.0:
+            raise ValueError(
+                "crash_after_tokens is set but crash_rate is 0; give the fraction of streamed "
+                "responses to cut (1.0 = all)"
+            )
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("served_model_name must not be empty")
+        if not self.host.strip():
+            raise ValueError("host must not be empty")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use in ``model`` and that ``/v1/models`` lists."""
+        return self.served_model_name or self.profile
+
+
+def _check_int(name: str, value: int, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+
+
+def build_predictor(options: EmulatorOptions) -> RuntimePredictor:
+    """The runtime predictor of the emulated replica (ProfileError/ValueError if invalid)."""
+    return RuntimePredictor(
+        load_model_profile(options.profile),
+        load_hardware_profile(options.hardware),
+        options.num_gpus,
+    )
+
+
+def build_endpoint(options: EmulatorOptions, predictor: RuntimePredictor) -> Endpoint:
+    """The replica's Endpoint. Its context limit is ``max_model_len_tokens`` if given
+    (an error if above the model's limit or the KV capacity, as vLLM refuses to
+    start), else the smaller of the model's limit and the KV capacity (what
+    ``/v1/models`` reports as ``max_model_len``)."""
+    kv_capacity = predictor.kv_capacity_tokens(options.gpu_memory_utilization)
+    model_limit = predictor.model.max_model_len_tokens
+    limit = kv_capacity if model_limit is None else min(kv_capacity, model_limit)
+    if options.max_model_len_tokens is not None:
+        if options.max_model_len_tokens > limit:
+            raise ValueError(
+                f"max_model_len_tokens={options.max_model_len_tokens} exceeds what "
+                f"{options.profile} on {options.num_gpus} x {options.hardware} supports: "
+                f"{limit} (model limit {model_limit}, KV capacity {kv_capacity} tokens)"
+            )
+        limit = options.max_model_len_tokens
+    return Endpoint(
+        name=options.model_name,
+        model=options.profile,
+        hardware=options.hardware,
+        region="local",
+        num_gpus=options.num_gpus,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        block_size_tokens=KV_BLOCK_TOKENS,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        max_model_len_tokens=limit,
+    )

@@ -1,0 +1,240 @@
+"""Parsing and validating OpenAI chat-completion and completion requests.
+
+Called by the handlers once per request, before anything is sent. Any
+problem raises ``ApiError``, which the handler turns into an OpenAI-style
+error body: ``{"error": {"message", "type", "param", "code"}}``. Fields the
+emulator does not act on (temperature, top_p, stop, ...) are accepted and
+ignored, as sampling does not change an emulated reply.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from longroute.emulator.text import (
+    Prompt,
+    chat_template,
+    default_output_tokens,
+    prompt_from_text,
+    prompt_from_token_ids,
+)
+
+_MAX_TOKEN_ID = (1 << 32) - 1
+
+
+class ApiKind(StrEnum):
+    CHAT = "chat.completion"
+    COMPLETION = "text_completion"
+
+
+class FinishReason(StrEnum):
+    """Why a reply ended: the request's token limit, or a length the emulator chose."""
+
+    LENGTH = "length"
+    STOP = "stop"
+
+
+class ApiError(Exception):
+    """A request the emulator refuses, with the HTTP status and OpenAI error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.error_type = error_type
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A valid request: its tokenized prompt and how long the reply is."""
+
+    kind: ApiKind
+    prompt: Prompt
+    num_output_tokens: int
+    finish_reason: FinishReason
+    is_stream: bool
+    is_usage_in_stream: bool
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _optional_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"'{name}' must be an integer, got {_type_name(value)}", name)
+    if value < minimum:
+        raise _bad(f"'{name}' must be >= {minimum}, got {value}", name)
+    return value
+
+
+def _optional_bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"'{name}' must be a boolean, got {_type_name(value)}", name)
+    return value
+
+
+def _message_text(content: object, index: int) -> str:
+    where = f"messages[{index}].content"
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise _bad(f"'{where}' must be a string or a list of parts, got {_type_name(content)}")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise _bad(f"'{where}': only parts of type 'text' are supported", "messages")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _bad(f"'{where}': a text part needs a string 'text'", "messages")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _chat_prompt(body: dict[str, Any], block_size_tokens: int) -> Prompt:
+    messages = body.get("messages")
+    if messages is None:
+        raise _bad("'messages' is a required property", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list", "messages")
+    pairs: list[tuple[str, str]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad(f"'messages[{i}]' must be an object, got {_type_name(message)}", "messages")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise _bad(f"'messages[{i}].role' must be a non-empty string", "messages")
+        pairs.append((role, _message_text(message.get("content"), i)))
+    return prompt_from_text(chat_template(pairs), block_size_tokens)
+
+
+def _is_token_ids(value: list[Any]) -> bool:
+    return all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= _MAX_TOKEN_ID for t in value
+    )
+
+
+def _completion_prompt(body: dict[str, Any], block_size_tokens: int) -> Prompt:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise _bad("'prompt' is a required property", "prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt_from_text(prompt, block_size_tokens)
+    if isinstance(prompt, list) and prompt and _is_token_ids(prompt):
+        return prompt_from_token_ids(prompt, block_size_tokens)
+    raise _bad(
+        "'prompt' must be a string, a list of token ids or a list of one of those "
+        "(batches of several prompts are not supported)",
+        "prompt",
+    )
+
+
+def parse_request(
+    kind: ApiKind,
+    raw: bytes,
+    *,
+    served_model: str,
+    block_size_tokens: int,
+    max_model_len_tokens: int,
+) -> ParsedRequest:
+    """Validate a request body; raise ApiError (400, or 404 for an unknown model)."""
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise _bad(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _bad(f"the body must be a JSON object, got {_type_name(body)}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad(f"'model' must be a string, got {_type_name(model)}", "model")
+    if model is not None and model != served_model:
+        raise ApiError(
+            404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
+        )
+    n = _optional_int(body, "n", 1)
+    if n is not None and n != 1:
+        raise _bad("only n=1 is supported", "n")
+    is_stream = _optional_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object", "stream_options")
+    is_usage = is_stream and options is not None and _optional_bool(options, "include_usage")
+    if kind is ApiKind.CHAT:
+        prompt = _chat_prompt(body, block_size_tokens)
+        max_tokens = _optional_int(body, "max_completion_tokens", 1)
+        param = "max_completion_tokens"
+        if max_tokens is None:
+            max_tokens, param = _optional_int(body, "max_tokens", 1), "max_tokens"
+    else:
+        prompt = _completion_prompt(body, block_size_tokens)
+        max_tokens, param = _optional_int(body, "max_tokens", 1), "max_tokens"
+    prompt_param = "messages" if kind is ApiKind.CHAT else "prompt"
+    num_output, reason = _output_length(
+        prompt, max_tokens, (prompt_param, param), max_model_len_tokens
+    )
+    return ParsedRequest(kind, prompt, num_output, reason, is_stream, is_usage)
+
+
+def _output_length(
+    prompt: Prompt, max_tokens: int | None, params: tuple[str, str], limit_tokens: int
+) -> tuple[int, FinishReason]:
+    """Reply length and finish reason; ``params`` name the prompt and the limit fields."""
+    room = limit_tokens - prompt.num_tokens
+    if room < 1:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit_tokens} tokens. However, your "
+            f"prompt has {prompt.num_tokens} tokens, leaving no room for a reply.",
+            param=params[0],
+            code="context_length_exceeded",
+        )
+    if max_tokens is None:
+        num_tokens = default_output_tokens(prompt.key)
+        if num_tokens <= room:
+            return num_tokens, FinishReason.STOP
+        return room, FinishReason.LENGTH
+    if max_tokens > room:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit_tokens} tokens. However, you "
+            f"requested {prompt.num_tokens + max_tokens} tokens ({prompt.num_tokens} in the "
+            f"prompt, {max_tokens} in the completion).",
+            param=params[1],
+            code="context_length_exceeded",
+        )
+    return max_tokens, FinishReason.LENGTH

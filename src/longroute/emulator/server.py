@@ -1,0 +1,269 @@
+"""The emulator's HTTP server: OpenAI-compatible endpoints over an EngineDriver.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed
+as SSE or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+
+Per generation request the handler reads and validates the body, draws the
+request's faults, waits half the network delay (the request travelling),
+submits it to the engine, and starts the response half a delay after the
+engine produced the first token (non-streamed: the last); later streamed
+tokens keep that offset. Response headers are sent with the first token, so
+a failure before it leaves no byte on the wire (a gateway may retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from longroute.emulator.engine_driver import EngineDriver, TokenStream
+from longroute.emulator.faults import FaultInjector, FaultPlan
+from longroute.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
+from longroute.emulator.options import EmulatorOptions, build_endpoint, build_predictor
+from longroute.emulator.protocol import ApiError, ApiKind, ParsedRequest, parse_request
+from longroute.emulator.responses import ReplyRenderer, usage
+from longroute.types import Request
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+HANG_CHECK_INTERVAL_S = 0.25
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+async def _sleep_until(wall_s: float) -> None:
+    delay_s = wall_s - time.monotonic()
+    if delay_s > 0.0:
+        await asyncio.sleep(delay_s)
+
+
+def _error_response(err: ApiError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+class Emulator:
+    """Holds one app's engine driver, metrics and fault injector; its methods are handlers."""
+
+    def __init__(self, options: EmulatorOptions) -> None:
+        predictor = build_predictor(options)
+        self.endpoint = build_endpoint(options, predictor)
+        self.options = options
+        self.model_name = options.model_name
+        self.metrics = EmulatorMetrics(self.model_name)
+        self.driver = EngineDriver(
+            self.endpoint,
+            predictor,
+            speed=options.speed,
+            prefix_block_tokens=options.prefix_block_tokens,
+            observer=self.metrics,
+        )
+        self.faults = FaultInjector(
+            error_rate=options.error_rate,
+            hang_rate=options.hang_rate,
+            crash_rate=options.crash_rate,
+            crash_after_tokens=options.crash_after_tokens,
+            seed=options.seed,
+        )
+        # the delay is in emulated time, like everything else the emulator times
+        self.half_delay_s = options.network_delay_ms / 2000.0 / options.speed
+        self.created = int(time.time())
+        assert self.endpoint.max_model_len_tokens is not None
+        self.max_model_len_tokens: int = self.endpoint.max_model_len_tokens
+
+    # ---- lifecycle ----------------------------------------------------------
+    async def on_startup(self, _: web.Application) -> None:
+        self.driver.start()
+
+    async def on_cleanup(self, _: web.Application) -> None:
+        self.driver.close()
+
+    async def _travel(self) -> None:
+        """Half the network round trip (a request arriving or a response leaving)."""
+        if self.half_delay_s:
+            await asyncio.sleep(self.half_delay_s)
+
+    # ---- simple endpoints (delayed too: RTT probes must see the region) ------
+    async def health(self, _: web.Request) -> web.Response:
+        await self._travel()
+        await self._travel()
+        return web.Response()
+
+    async def models(self, _: web.Request) -> web.Response:
+        await self._travel()
+        await self._travel()
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "longroute-emulator",
+            "root": self.options.profile,
+            "parent": None,
+            "max_model_len": self.max_model_len_tokens,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics_page(self, _: web.Request) -> web.Response:
+        await self._travel()
+        self.driver.advance()
+        engine = self.driver.engine
+        waiting, running, kv_usage = engine.stats()
+        body = self.metrics.render(waiting, running, kv_usage, engine.num_preemptions)
+        await self._travel()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(ApiKind.CHAT, request)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(ApiKind.COMPLETION, request)
+
+    # ---- generation -----------------------------------------------------------
+    async def _generate(self, kind: ApiKind, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        await self._travel()
+        try:
+            parsed = parse_request(
+                kind,
+                raw,
+                served_model=self.model_name,
+                block_size_tokens=self.options.prefix_block_tokens,
+                max_model_len_tokens=self.max_model_len_tokens,
+            )
+        except ApiError as err:
+            await self._travel()
+            return _error_response(err)
+        plan = self.faults.next_plan()
+        if plan.is_error:
+            await self._travel()
+            message = "injected fault: the engine failed this request"
+            fault = ApiError(500, message, error_type="internal_server_error", code="injected")
+            return _error_response(fault)
+        if plan.is_hang:
+            return await _hang(request)
+        prefix = "chatcmpl-" if kind is ApiKind.CHAT else "cmpl-"
+        request_id = prefix + uuid.uuid4().hex
+        engine_request = Request(
+            request_id=request_id,
+            arrival_s=self.driver.now_s(),
+            num_prompt_tokens=parsed.prompt.num_tokens,
+            num_output_tokens=parsed.num_output_tokens,
+            block_hashes=parsed.prompt.block_hashes,
+            block_size_tokens=self.options.prefix_block_tokens,
+            model=self.model_name,
+        )
+        stream = self.driver.submit(engine_request, parsed.finish_reason)
+        renderer = ReplyRenderer(
+            kind, request_id, int(time.time()), self.model_name, parsed.prompt.key
+        )
+        if parsed.is_stream:
+            return await self._stream(request, parsed, stream, renderer, plan)
+        return await self._whole(parsed, stream, renderer)
+
+    def _usage(self, parsed: ParsedRequest, stream: TokenStream) -> Any:
+        return usage(parsed.prompt.num_tokens, parsed.num_output_tokens, stream.num_cached_tokens)
+
+    async def _whole(
+        self, parsed: ParsedRequest, stream: TokenStream, renderer: ReplyRenderer
+    ) -> web.Response:
+        total = stream.num_output_tokens
+        while True:
+            wall_s, num_tokens = await stream.updates.get()
+            if num_tokens >= total:
+                break
+        await _sleep_until(wall_s + self.half_delay_s)
+        body = renderer.body(total, parsed.finish_reason, self._usage(parsed, stream))
+        return web.Response(body=body, content_type="application/json")
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        stream: TokenStream,
+        renderer: ReplyRenderer,
+        plan: FaultPlan,
+    ) -> web.StreamResponse:
+        total = stream.num_output_tokens
+        cut_at = None if plan.crash_after_tokens is None else min(plan.crash_after_tokens, total)
+        updates, half_delay_s = stream.updates, self.half_delay_s
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        num_sent = 0
+        try:
+            while num_sent < total:
+                wall_s, num_tokens = await updates.get()
+                if half_delay_s:
+                    await _sleep_until(wall_s + half_delay_s)
+                else:  # everything queued is due: write it in one go
+                    while not updates.empty():
+                        wall_s, num_tokens = updates.get_nowait()
+                chunks = b""
+                if not response.prepared:
+                    await response.prepare(request)
+                    chunks = renderer.opening_chunk()
+                if cut_at is not None and num_tokens >= cut_at:
+                    await response.write(chunks + renderer.token_chunks(num_sent, cut_at))
+                    _cut_connection(request)
+                    return response
+                await response.write(chunks + renderer.token_chunks(num_sent, num_tokens))
+                num_sent = num_tokens
+            usage_obj = self._usage(parsed, stream) if parsed.is_usage_in_stream else None
+            await response.write(renderer.closing_chunks(parsed.finish_reason, usage_obj))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client left; the engine finishes the sequence (it cannot abort)
+        return response
+
+
+def _cut_connection(request: web.Request) -> None:
+    """Crash mid-stream: drop the TCP connection without finishing the response."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _hang(request: web.Request) -> web.StreamResponse:
+    """Never answer; return once the client has gone (or be cancelled with it)."""
+    while True:
+        await asyncio.sleep(HANG_CHECK_INTERVAL_S)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return web.Response(status=499)
+
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Routing and body-size errors get OpenAI-style JSON bodies too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        err = ApiError(exc.status, exc.reason or "error", error_type="invalid_request_error")
+        return web.Response(
+            status=exc.status, text=json.dumps(err.body()), content_type="application/json"
+        )
+
+
+EMULATOR_KEY = web.AppKey("emulator", Emulator)
+
+
+def create_app(options: EmulatorOptions) -> web.Application:
+    """The emulator app. Raises ProfileError/ValueError for options that cannot run
+    (unknown profile, model does not fit, bad limits) before anything starts."""
+    emulator = Emulator(options)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
+    app[EMULATOR_KEY] = emulator
+    app.on_startup.append(emulator.on_startup)
+    app.on_cleanup.append(emulator.on_cleanup)
+    app.router.add_post("/v1/chat/completions", emulator.chat_completions)
+    app.router.add_post("/v1/completions", emulator.completions)
+    app.router.add_get("/v1/models", emulator.models)
+    app.router.add_get("/health", emulator.health)
+    app.router.add_get("/metrics", emulator.metrics_page)
+    return app
