@@ -166,7 +166,9 @@ def _register_commands() -> None:
     """Verbs whose code lives in their own packages (imported lazily inside them)."""
     from longroute.bench.cli import bench_command
     from longroute.emulator.cli import emulate_command
+    from longroute.gateway.cli import serve_command
 
+    app.command("serve")(serve_command)
     app.command("emulate")(emulate_command)
     app.command("bench")(bench_command)
 

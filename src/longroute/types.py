@@ -125,8 +125,10 @@ class EndpointState:
 class RouteDecision:
     """The router's choice and the per-endpoint scores that explain it.
 
-    ``scores`` maps endpoint name to the router's score; ``score_meaning``
-    says how to read them (e.g. "cost, lower is better").
+    ``scores`` maps endpoint name to the router's score, and lower is always
+    better (the gateway relies on it to fall back to the next-best endpoint
+    when the chosen one is full or just failed); ``score_meaning`` says what
+    the number is (e.g. "queued tokens").
     """
 
     endpoint: str

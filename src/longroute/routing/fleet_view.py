@@ -140,8 +140,14 @@ class FleetView:
         self._dirty.add(endpoint)
 
     def set_engine_stats(
-        self, endpoint: str, num_waiting: int, num_running: int, kv_usage: float, age_s: float
+        self,
+        endpoint: str,
+        num_waiting: int,
+        num_running: int,
+        kv_usage: float | None,
+        age_s: float,
     ) -> None:
+        """Engine stats as scraped; ``kv_usage`` None when the engine does not export it."""
         live = self._live[endpoint]
         live.engine_num_waiting = num_waiting
         live.engine_num_running = num_running

@@ -1,0 +1,223 @@
+"""Admission: per-backend concurrency slots, a bounded gateway queue, and the routing call.
+
+A request is routed only when at least one of its eligible backends
+(healthy, serving its model, fitting its context, not already failed for
+it) has a free slot; the router then decides among all candidates, and if
+it picks a full or excluded backend the request goes to the eligible
+backend with a free slot that the router scored best (every router's
+scores are "lower is better"; ties in fleet order). Dispatch is recorded
+in the FleetView at once, so the next decision sees the load.
+
+Waiting requests sit in one queue per requested model key (a served model
+or ``auto``), each ordered by the configured queue policy (FCFS by
+default), so a burst for one model cannot block another. Whenever a slot
+frees or health changes, :meth:`Admission.wake` serves queue heads, the
+earliest-arrived servable head first, until no head can be served. A head
+with no eligible backend left fails at once rather than waiting. Timed-out
+and cancelled waiters are dropped lazily when they reach the head (O(1)
+each); ``num_waiting`` counts only live ones.
+
+Called by the proxy: :meth:`acquire` before each attempt, :meth:`first_byte`
+when the backend's first byte arrives, :meth:`finish` when the attempt ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+from longroute.clock import Clock
+from longroute.queueing import QUEUE_POLICIES, QueuePolicy
+from longroute.routing.base import Router
+from longroute.routing.fleet_view import AUTO_MODEL, FleetView, NoCandidateError
+from longroute.types import Request, RouteDecision
+
+
+class QueueFullError(Exception):
+    """The gateway queue holds ``max_queue`` waiting requests already."""
+
+
+class QueueTimeoutError(Exception):
+    """A request waited ``queue_timeout_s`` without a free slot."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A slot on ``endpoint``, taken for one attempt; give it back with ``finish``."""
+
+    endpoint: str
+    decision: RouteDecision
+    decision_s: float
+
+
+class _Waiter:
+    __slots__ = ("arrival_s", "excluded", "future", "is_waiting", "request", "timer")
+
+    def __init__(
+        self, request: Request, excluded: Collection[str], future: asyncio.Future[Grant]
+    ) -> None:
+        self.request = request
+        self.arrival_s = request.arrival_s
+        self.excluded = excluded
+        self.future = future
+        self.is_waiting = True
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Admission:
+    def __init__(
+        self,
+        fleet: FleetView,
+        router: Router,
+        capacities: Mapping[str, int],
+        *,
+        max_queue: int,
+        queue_policy: str,
+        clock: Clock,
+        observe_decision_s: Callable[[float], None],
+    ) -> None:
+        QUEUE_POLICIES.get(queue_policy)  # unknown names fail here, listing the valid ones
+        self.fleet = fleet
+        self.router = router
+        self.max_queue = max_queue
+        self.num_waiting = 0
+        self._queue_policy = queue_policy
+        self._capacity = dict(capacities)
+        self._inflight = dict.fromkeys(capacities, 0)
+        self._queues: dict[str, QueuePolicy] = {}
+        self._clock = clock
+        self._observe_decision_s = observe_decision_s
+
+    # ---- the proxy's calls ---------------------------------------------------
+    async def acquire(self, request: Request, excluded: Collection[str], timeout_s: float) -> Grant:
+        """A slot for ``request`` on a backend not in ``excluded``, waiting up to ``timeout_s``.
+
+        Raises NoCandidateError (no eligible backend), QueueFullError, QueueTimeoutError.
+        """
+        key = AUTO_MODEL if request.model is None else request.model
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = QUEUE_POLICIES.build(self._queue_policy)
+        if self._live_head(queue) is None:
+            grant = self.try_grant(request, excluded)
+            if grant is not None:
+                return grant
+        if self.num_waiting >= self.max_queue:
+            raise QueueFullError(f"the gateway queue is full ({self.max_queue} waiting)")
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(request, excluded, loop.create_future())
+        queue.push(waiter, self._clock.now_s())
+        self.num_waiting += 1
+        waiter.timer = loop.call_later(timeout_s, self._expire, waiter, timeout_s)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+
+    def first_byte(self, request: Request, endpoint: str) -> None:
+        """The backend started answering: it no longer owes the prompt."""
+        self.fleet.record_prefill_done(request, endpoint)
+
+    def finish(self, request: Request, endpoint: str, *, has_first_byte: bool, is_ok: bool) -> None:
+        """The attempt ended (answered, failed or abandoned); frees its slot."""
+        self.fleet.record_complete(request, endpoint, is_prefill_counted=not has_first_byte)
+        self.router.on_complete(request, endpoint, self._clock.now_s(), is_ok)
+        self._inflight[endpoint] -= 1
+        if self.num_waiting:
+            self.wake()
+
+    # ---- granting ------------------------------------------------------------
+    def try_grant(self, request: Request, excluded: Collection[str]) -> Grant | None:
+        """Route and take a slot now, or None when every eligible backend is full."""
+        inflight, capacity = self._inflight, self._capacity
+        eligible = [
+            s.endpoint.name
+            for s in self.fleet.candidates(request)
+            if s.endpoint.name not in excluded
+        ]
+        if not eligible:
+            raise NoCandidateError(
+                f"every backend for model {request.model!r} already failed for this request"
+            )
+        free = [name for name in eligible if inflight[name] < capacity[name]]
+        if not free:
+            return None
+        now_s = self._clock.now_s()
+        started_s = time.perf_counter()
+        decision = self.router.route(request, self.fleet, now_s)
+        decision_s = time.perf_counter() - started_s
+        self._observe_decision_s(decision_s)
+        name = decision.endpoint
+        if name not in free:
+            name = best_scored(decision.scores, free)
+        inflight[name] += 1
+        self.fleet.record_dispatch(request, name, now_s)
+        self.router.on_dispatch(request, name, now_s)
+        return Grant(name, decision, decision_s)
+
+    def wake(self) -> None:
+        """Serve queue heads while any can be served; called on free slots and health changes."""
+        while self.num_waiting and self._serve_one_head():
+            pass
+
+    def _serve_one_head(self) -> bool:
+        heads = [h for q in self._queues.values() if (h := self._live_head(q)) is not None]
+        heads.sort(key=lambda h: h.arrival_s)
+        for head in heads:
+            try:
+                grant = self.try_grant(head.request, head.excluded)
+            except NoCandidateError as exc:
+                self._pop(head)
+                head.future.set_exception(exc)
+                return True
+            if grant is not None:
+                self._pop(head)
+                head.future.set_result(grant)
+                return True
+        return False
+
+    # ---- queue bookkeeping ---------------------------------------------------
+    def _live_head(self, queue: QueuePolicy) -> _Waiter | None:
+        now_s = self._clock.now_s()
+        while (head := queue.peek(now_s)) is not None:
+            if head.is_waiting and not head.future.done():
+                return head  # type: ignore[no-any-return]
+            self._stop_waiting(head)
+            queue.pop(now_s)
+        return None
+
+    def _pop(self, waiter: _Waiter) -> None:
+        key = AUTO_MODEL if waiter.request.model is None else waiter.request.model
+        self._queues[key].pop(self._clock.now_s())
+        self._stop_waiting(waiter)
+
+    def _stop_waiting(self, waiter: _Waiter) -> None:
+        if waiter.is_waiting:
+            waiter.is_waiting = False
+            self.num_waiting -= 1
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+
+    def _expire(self, waiter: _Waiter, timeout_s: float) -> None:
+        if waiter.is_waiting and not waiter.future.done():
+            self._stop_waiting(waiter)
+            waiter.future.set_exception(
+                QueueTimeoutError(f"no backend slot became free within {timeout_s:g} s")
+            )
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """The waiting task was cancelled; give back a slot granted in the meantime."""
+        self._stop_waiting(waiter)
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            grant = future.result()
+            self.finish(waiter.request, grant.endpoint, has_first_byte=False, is_ok=False)
+
+
+def best_scored(scores: Mapping[str, float], allowed: list[str]) -> str:
+    """The allowed endpoint with the lowest score; unscored ones rank last, ties keep order."""
+    inf = float("inf")
+    return min(allowed, key=lambda name: scores.get(name, inf))

@@ -1,0 +1,210 @@
+"""Gateway configuration (``longroute serve --config fleet.yaml``) as validated data.
+
+Unknown keys are errors that name the file and the dotted path of the bad
+field. This module is the gateway's only reader of environment variables:
+backend and client API keys are named here by variable, and resolved by
+:func:`resolve_secrets` at start-up, never per request.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from longroute.config import ConfigError
+from longroute.routing.fleet_view import AUTO_MODEL
+
+MIB_BYTES = 1024 * 1024
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(_Model):
+    host: str = Field("127.0.0.1", description="Address the gateway binds.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port).")
+
+
+class BackendConfig(_Model):
+    name: str = Field(min_length=1, description="Backend name, shown in headers and metrics.")
+    url: str = Field(
+        description="Server root, e.g. http://10.0.0.5:8000; the gateway appends "
+        "/v1/chat/completions, /health and /metrics."
+    )
+    model: str = Field(min_length=1, description="Model name the backend serves.")
+    region: str = Field("local", description="Region the backend runs in.")
+    hardware: str = Field("generic", description="Hardware label, informational for routers.")
+    max_concurrency: int = Field(64, ge=1, description="Requests in flight at most.")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the backend's API key."
+    )
+    max_model_len_tokens: int | None = Field(
+        None, ge=1, description="Context limit; longer requests go elsewhere or get a 400."
+    )
+    health_path: str = Field("/health", description="Path of the health check and RTT probe.")
+    metrics_path: str = Field("/metrics", description="Path of the engine's Prometheus metrics.")
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_root(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        url = url.rstrip("/")
+        if url.endswith("/v1"):
+            raise ValueError(
+                f"url {url!r} ends with /v1; give the server root, the gateway appends /v1/..."
+            )
+        return url
+
+    @field_validator("health_path", "metrics_path")
+    @classmethod
+    def _absolute_path(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"a path must start with '/', got {path!r}")
+        return path
+
+
+class RouterConfig(_Model):
+    name: str = Field("round-robin", description="Registered router name (as in the simulator).")
+    params: dict[str, Any] = Field(default_factory=dict, description="Router parameters.")
+    seed: int = Field(0, description="Seed of the router's random.Random.")
+
+
+class AdmissionConfig(_Model):
+    max_queue: int = Field(1024, ge=0, description="Requests waiting at the gateway at most.")
+    queue_timeout_s: float = Field(60.0, gt=0, description="Longest wait in the queue (503).")
+    request_timeout_s: float = Field(600.0, gt=0, description="Deadline of a whole request.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout per attempt.")
+    max_body_bytes: int = Field(8 * MIB_BYTES, ge=1, description="Largest request body (413).")
+    max_retries: int = Field(2, ge=0, description="Failover attempts after the first.")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After of a 429.")
+    queue_policy: str = Field("fcfs", description="Registered queue policy of the gateway queue.")
+    default_max_tokens: int = Field(
+        256, ge=1, description="Expected output tokens when a request gives no max_tokens."
+    )
+
+
+class HealthConfig(_Model):
+    interval_s: float = Field(5.0, gt=0, description="Seconds between health checks.")
+    timeout_s: float = Field(2.0, gt=0, description="Timeout of one health check.")
+    failure_threshold: int = Field(
+        3, ge=1, description="Consecutive failures that open the circuit."
+    )
+    open_s: float = Field(10.0, gt=0, description="Seconds open before a half-open probe.")
+
+
+class GatewayConfig(_Model):
+    listen: ListenConfig = Field(default_factory=lambda: ListenConfig())
+    backends: list[BackendConfig] = Field(min_length=1)
+    router: RouterConfig = Field(default_factory=lambda: RouterConfig())
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict, description=f"alias -> served model, or {AUTO_MODEL!r} for any."
+    )
+    admission: AdmissionConfig = Field(default_factory=lambda: AdmissionConfig())
+    health: HealthConfig = Field(default_factory=lambda: HealthConfig())
+    rtt_probe_interval_s: float | None = Field(
+        5.0, gt=0, description="Seconds between RTT probes (None = off)."
+    )
+    scrape_interval_s: float | None = Field(
+        2.0, gt=0, description="Seconds between engine /metrics scrapes (None = off)."
+    )
+    client_api_keys_env: str | None = Field(
+        None, description="Environment variable with comma-separated client keys (None = open)."
+    )
+    admin_enabled: bool = Field(False, description="Serve /admin/* debug endpoints.")
+    block_size_tokens: int = Field(16, ge=1, description="Prefix-hash block size.")
+    prefix_index_capacity_blocks: int = Field(
+        200_000, ge=1, description="Router-side prefix index bound per backend."
+    )
+    backend_keepalive_s: float = Field(
+        4.0,
+        gt=0,
+        description="Idle keep-alive of backend connections; keep it below the backends' own "
+        "(uvicorn's default is 5 s) so a request never lands on a connection being closed.",
+    )
+    chars_per_token: float = Field(4.0, gt=0, description="Prompt characters per token.")
+
+    @model_validator(mode="after")
+    def _names_and_aliases(self) -> GatewayConfig:
+        names = [b.name for b in self.backends]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"backend names must be unique; repeated: {', '.join(duplicates)}")
+        served = {b.model for b in self.backends}
+        for alias, target in self.model_aliases.items():
+            if alias in served:
+                raise ValueError(f"model_aliases: {alias!r} is already a served model")
+            if target != AUTO_MODEL and target not in served:
+                raise ValueError(
+                    f"model_aliases.{alias}: {target!r} is not served; "
+                    f"served: {', '.join(sorted(served))} (or {AUTO_MODEL!r})"
+                )
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySecrets:
+    """Keys read from the environment once, at start-up."""
+
+    backend_api_keys: dict[str, str]
+    client_api_keys: frozenset[str] | None
+
+
+def _env(name: str, what: str) -> str:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{what}: environment variable {name} is not set or empty")
+    return value
+
+
+def resolve_secrets(config: GatewayConfig) -> GatewaySecrets:
+    """Read the API keys named in ``config``; a named but unset variable is an error."""
+    backend_keys = {
+        b.name: _env(b.api_key_env, f"backend {b.name!r} api_key_env")
+        for b in config.backends
+        if b.api_key_env is not None
+    }
+    client_keys = None
+    if config.client_api_keys_env is not None:
+        raw = _env(config.client_api_keys_env, "client_api_keys_env")
+        client_keys = frozenset(k.strip() for k in raw.split(",") if k.strip())
+    return GatewaySecrets(backend_keys, client_keys)
+
+
+def _format(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid gateway config"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_gateway_config(data: object, source: str) -> GatewayConfig:
+    """Validate parsed YAML into a GatewayConfig; errors name ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: a gateway config must be a mapping, got {type(data).__name__}"
+        )
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format(source, exc)) from None
+
+
+def load_gateway_config(path: Path) -> GatewayConfig:
+    """Read and validate a fleet YAML file; raises ConfigError with a clear message."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read gateway config: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_gateway_config(data, str(path))

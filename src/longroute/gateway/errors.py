@@ -1,0 +1,95 @@
+"""OpenAI-style error bodies: ``{"error": {"message", "type", "param", "code"}}``.
+
+A :class:`GatewayError` is raised anywhere in request handling and turned
+into a JSON response (before any byte went out) or an SSE error event (after).
+``kind`` labels ``longroute_errors_total``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from aiohttp import web
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+RATE_LIMIT = "rate_limit_error"
+
+
+class GatewayError(Exception):
+    """A request cannot be served; carries the HTTP status and the OpenAI error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str,
+        type_: str = INVALID_REQUEST,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.type_ = type_
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type_, self.code, self.param)
+
+    def response(self) -> web.Response:
+        return web.Response(
+            status=self.status,
+            body=self.body(),
+            content_type="application/json",
+            headers=self.headers,
+        )
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    error = {"message": message, "type": type_, "param": param, "code": code}
+    return json.dumps({"error": error}).encode()
+
+
+def sse_error_event(message: str, code: str) -> bytes:
+    """The last event of a stream whose backend failed after bytes reached the client."""
+    return b"data: " + error_body(message, SERVER_ERROR, code) + b"\n\n"
+
+
+def bad_request(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, kind="bad_request", param=param)
+
+
+def overloaded_error(status: int, code: str, message: str, retry_after_s: int) -> GatewayError:
+    """429 (queue full) or 503 (queue timeout), with ``Retry-After``."""
+    return GatewayError(
+        status,
+        message,
+        kind=code,
+        type_=RATE_LIMIT if status == 429 else SERVER_ERROR,
+        code=code,
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def timeout_error(request_id: str) -> GatewayError:
+    return GatewayError(
+        504, f"request {request_id} timed out", kind="timeout", type_=SERVER_ERROR, code="timeout"
+    )
+
+
+def all_failed_error(tried: tuple[str, ...], last_message: str) -> GatewayError:
+    return GatewayError(
+        502,
+        f"no backend could serve the request (tried {', '.join(tried)}); "
+        f"last error: {last_message}",
+        kind="all_backends_failed",
+        type_=SERVER_ERROR,
+        code="backend_error",
+    )

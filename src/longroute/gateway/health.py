@@ -1,0 +1,158 @@
+"""Backend health: a circuit breaker per backend, fed by health checks and by traffic.
+
+Breaker states: **closed** (serving) -> **open** after ``failure_threshold``
+consecutive failures (out of the fleet) -> **half-open** after ``open_s``, when
+the health checker sends one probe -> closed on success, open again on
+failure. Live traffic reaches closed backends only; its failures and
+successes count while closed (passive checks), the probes always count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+
+import aiohttp
+
+from longroute.clock import Clock
+from longroute.gateway.backends import Backend
+from longroute.gateway.config import HealthConfig
+
+log = logging.getLogger("longroute.gateway")
+
+PROBE_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    """One backend's breaker; pure state, time passed in. All methods O(1)."""
+
+    __slots__ = ("failure_threshold", "num_consecutive_failures", "open_s", "opened_at_s", "state")
+
+    def __init__(self, failure_threshold: int, open_s: float) -> None:
+        self.failure_threshold = failure_threshold
+        self.open_s = open_s
+        self.state = BreakerState.CLOSED
+        self.num_consecutive_failures = 0
+        self.opened_at_s: float | None = None
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state is BreakerState.CLOSED
+
+    def record(self, is_ok: bool, now_s: float, *, is_probe: bool) -> bool:
+        """Fold in one outcome; True if the breaker closed or opened because of it."""
+        if not is_probe and self.state is not BreakerState.CLOSED:
+            return False  # stragglers from before it opened say nothing new
+        was_closed = self.state is BreakerState.CLOSED
+        if is_ok:
+            self.num_consecutive_failures = 0
+            self.state = BreakerState.CLOSED
+            self.opened_at_s = None
+        else:
+            self.num_consecutive_failures += 1
+            if not was_closed or self.num_consecutive_failures >= self.failure_threshold:
+                self.state = BreakerState.OPEN
+                self.opened_at_s = now_s
+        return was_closed != (self.state is BreakerState.CLOSED)
+
+    def seconds_until_probe(self, now_s: float) -> float:
+        """0 when a probe is due now (closed, half-open, or open for ``open_s``)."""
+        if self.state is not BreakerState.OPEN or self.opened_at_s is None:
+            return 0.0
+        return max(0.0, self.opened_at_s + self.open_s - now_s)
+
+    def begin_probe(self, now_s: float) -> None:
+        """An open breaker whose wait is over lets one probe through."""
+        if self.state is BreakerState.OPEN and self.seconds_until_probe(now_s) == 0.0:
+            self.state = BreakerState.HALF_OPEN
+
+
+class ReachabilityLog:
+    """Logs a backend turning unreachable or reachable once per change, not per attempt."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._is_ok: dict[str, bool] = {}
+
+    def update(self, name: str, is_ok: bool, detail: str = "") -> None:
+        if self._is_ok.get(name, True) != is_ok:
+            if is_ok:
+                log.info("%s: backend %s reachable again", self.what, name)
+            else:
+                log.warning("%s: backend %s unreachable: %s", self.what, name, detail)
+        self._is_ok[name] = is_ok
+
+
+class HealthMonitor:
+    """Runs the health checks and owns the breakers.
+
+    ``on_change(name, is_healthy)`` is called on every open/close transition
+    (the gateway updates the FleetView and wakes the admission queue).
+    """
+
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        config: HealthConfig,
+        clock: Clock,
+        on_change: Callable[[str, bool], None],
+    ) -> None:
+        self.backends = backends
+        self.config = config
+        self.breakers = {
+            name: CircuitBreaker(config.failure_threshold, config.open_s) for name in backends
+        }
+        self._clock = clock
+        self._on_change = on_change
+
+    def record(self, name: str, is_ok: bool, *, is_probe: bool = False) -> None:
+        """An outcome for ``name``: a probe, or a request's (passive check)."""
+        breaker = self.breakers[name]
+        if breaker.record(is_ok, self._clock.now_s(), is_probe=is_probe):
+            if breaker.is_closed:
+                log.info("backend %s healthy again: circuit closed", name)
+            else:
+                log.warning(
+                    "backend %s unhealthy: circuit open after %d consecutive failure(s)",
+                    name,
+                    breaker.num_consecutive_failures,
+                )
+            self._on_change(name, breaker.is_closed)
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Check every backend forever; cancelled at shutdown."""
+        await asyncio.gather(*(self._watch(session, b) for b in self.backends.values()))
+
+    async def _watch(self, session: aiohttp.ClientSession, backend: Backend) -> None:
+        breaker = self.breakers[backend.name]
+        interval_s = self.config.interval_s
+        while True:
+            wait_s = breaker.seconds_until_probe(self._clock.now_s())
+            if wait_s > 0.0:
+                await asyncio.sleep(min(wait_s, interval_s))
+                continue
+            breaker.begin_probe(self._clock.now_s())
+            try:
+                self.record(backend.name, await self._probe(session, backend), is_probe=True)
+            except Exception:  # a bug here must not stop health checking
+                log.exception("health check of backend %s failed unexpectedly", backend.name)
+            await asyncio.sleep(interval_s)
+
+    async def _probe(self, session: aiohttp.ClientSession, backend: Backend) -> bool:
+        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
+        try:
+            async with session.get(
+                backend.health_url, headers=backend.probe_headers, timeout=timeout
+            ) as response:
+                await response.read()
+                return response.status == 200
+        except PROBE_ERRORS:
+            return False

@@ -1,0 +1,126 @@
+"""The gateway's Prometheus metrics, in its own CollectorRegistry.
+
+Per-request work is a few counter increments and histogram observations;
+gauges of live state (in-flight requests and tokens per backend, queue
+depth, health, RTT, scraped engine load) are read from the FleetView and the
+admission queue only when ``/metrics`` is scraped, so they cost the request
+path nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from longroute.routing.fleet_view import FleetView
+
+LATENCY_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+DECISION_BUCKETS_S = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
+
+
+class GatewayMetrics:
+    """Counters and histograms updated per request; live gauges collected on scrape."""
+
+    def __init__(self, fleet: FleetView, queue_depth: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter(
+            "longroute_requests",
+            "Requests answered, by route, requested model, backend and HTTP status.",
+            ["route", "model", "endpoint", "code"],
+            registry=registry,
+        )
+        self.errors = Counter("longroute_errors", "Errors by kind.", ["kind"], registry=registry)
+        self.retries = Counter(
+            "longroute_retries", "Failover attempts on another backend.", registry=registry
+        )
+        self.ttft = Histogram(
+            "longroute_ttft_seconds",
+            "Time to the first streamed byte, from the request's arrival.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "longroute_e2e_seconds",
+            "Time to the last byte, from the request's arrival.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.decision = Histogram(
+            "longroute_routing_decision_seconds",
+            "Time spent in the router's route() call.",
+            buckets=DECISION_BUCKETS_S,
+            registry=registry,
+        )
+        registry.register(_LiveCollector(fleet, queue_depth))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _LiveCollector:
+    """Reads the FleetView's snapshots at scrape time: O(backends)."""
+
+    def __init__(self, fleet: FleetView, queue_depth: Callable[[], int]) -> None:
+        self._fleet = fleet
+        self._queue_depth = queue_depth
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        families = self._families()
+        depth, inflight, tokens, healthy, rtt, waiting, running, kv = families
+        depth.add_metric([], self._queue_depth())
+        for endpoint in self._fleet.endpoints:
+            state = self._fleet.state(endpoint.name)
+            label = [endpoint.name]
+            inflight.add_metric(label, state.num_inflight_requests)
+            tokens.add_metric(label, state.num_queued_tokens)
+            healthy.add_metric(label, 1.0 if state.is_healthy else 0.0)
+            rtt.add_metric(label, state.rtt_ms)
+            if state.engine_num_waiting is not None:
+                waiting.add_metric(label, state.engine_num_waiting)
+            if state.engine_num_running is not None:
+                running.add_metric(label, state.engine_num_running)
+            if state.engine_kv_usage is not None:
+                kv.add_metric(label, state.engine_kv_usage)
+        return families
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        def per_endpoint(name: str, documentation: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=["endpoint"])
+
+        return [
+            GaugeMetricFamily("longroute_queue_depth", "Requests waiting in the gateway queue."),
+            per_endpoint("longroute_backend_inflight_requests", "Requests in flight."),
+            per_endpoint(
+                "longroute_backend_inflight_tokens", "Prompt and output tokens still owed."
+            ),
+            per_endpoint("longroute_backend_healthy", "1 if the circuit is closed."),
+            per_endpoint("longroute_backend_rtt_ms", "RTT estimate (EWMA of probes)."),
+            per_endpoint("longroute_engine_num_waiting", "Scraped engine queue length."),
+            per_endpoint("longroute_engine_num_running", "Scraped engine running requests."),
+            per_endpoint("longroute_engine_kv_usage", "Scraped engine KV-cache usage, 0..1."),
+        ]

@@ -1,0 +1,314 @@
+"""Forwarding with failover: one client request, one or more backend attempts.
+
+An attempt may fail over to another backend only while no byte has reached
+the client: on a connect error or timeout, a 5xx status, or the backend
+breaking off before its first body byte. Each failed backend joins the
+request's ``tried_endpoints`` and is never tried again for it. Once bytes
+went out, nothing is replayed: a backend that dies mid-stream ends the
+client's stream with an SSE error event. Every attempt runs under the
+request's deadline, so nothing waits forever.
+
+Streams are relayed chunk by chunk as they arrive (``readany``), without
+parsing or re-serialising them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import aiohttp
+from aiohttp import web
+
+from longroute.gateway.admission import Admission, Grant, QueueFullError, QueueTimeoutError
+from longroute.gateway.backends import Backend
+from longroute.gateway.config import AdmissionConfig
+from longroute.gateway.errors import (
+    SERVER_ERROR,
+    GatewayError,
+    all_failed_error,
+    overloaded_error,
+    sse_error_event,
+    timeout_error,
+)
+from longroute.gateway.health import HealthMonitor
+from longroute.gateway.intake import Job
+from longroute.gateway.metrics import GatewayMetrics
+from longroute.routing.fleet_view import AUTO_MODEL, NoCandidateError
+from longroute.types import Request
+
+log = logging.getLogger("longroute.gateway")
+
+BACKEND_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+MAX_ERROR_DETAIL_CHARS = 300
+# how long past its deadline a stream may wait on a client that does not read
+STALLED_CLIENT_GRACE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """An attempt that failed before any byte reached the client: try another backend."""
+
+    kind: str
+    message: str
+
+
+class _Outcome:
+    """What one attempt did, for the accounting in its ``finally``."""
+
+    __slots__ = ("has_first_byte", "is_ok")
+
+    def __init__(self) -> None:
+        self.has_first_byte = False
+        self.is_ok = False
+
+
+class Proxy:
+    """Sends each job to backends granted by admission, failing over as the module says.
+
+    Called by the completion handler, once per client request (:meth:`forward`).
+    """
+
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        admission: Admission,
+        health: HealthMonitor,
+        metrics: GatewayMetrics,
+        config: AdmissionConfig,
+    ) -> None:
+        self.backends = backends
+        self.admission = admission
+        self.health = health
+        self.metrics = metrics
+        self.config = config
+        self._session: aiohttp.ClientSession | None = None
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        """Called at application start-up, when the event loop runs."""
+        self._session = session
+
+    async def forward(self, http_request: web.Request, job: Job) -> tuple[web.StreamResponse, str]:
+        """Serve ``job``; returns the response and the backend that gave it. Raises GatewayError."""
+        request = job.request
+        failure: _Failure | None = None
+        for attempt_index in range(self.config.max_retries + 1):
+            if failure is not None:
+                self.metrics.retries.inc()
+            grant = await self._acquire(job, request, failure)
+            backend = self.backends[grant.endpoint]
+            result = await self._attempt(http_request, job, request, backend)
+            if not isinstance(result, _Failure):
+                return result, backend.name
+            failure = result
+            self.metrics.errors.labels(result.kind).inc()
+            log.debug(
+                "attempt %d of %s on %s failed: %s",
+                attempt_index + 1,
+                request.request_id,
+                backend.name,
+                result.message,
+            )
+            request = replace(
+                request,
+                attempt=request.attempt + 1,
+                tried_endpoints=(*request.tried_endpoints, backend.name),
+            )
+        assert failure is not None
+        raise all_failed_error(request.tried_endpoints, failure.message)
+
+    async def _acquire(self, job: Job, request: Request, failure: _Failure | None) -> Grant:
+        seconds_left = job.seconds_left()
+        if seconds_left <= 0:
+            raise timeout_error(job.request.request_id)
+        try:
+            return await self.admission.acquire(
+                request,
+                request.tried_endpoints,
+                min(self.config.queue_timeout_s, seconds_left),
+            )
+        except NoCandidateError as exc:
+            if failure is not None:
+                raise all_failed_error(request.tried_endpoints, failure.message) from None
+            raise self._no_candidate(request, exc) from None
+        except QueueFullError as exc:
+            raise overloaded_error(429, "queue_full", str(exc), self.config.retry_after_s) from None
+        except QueueTimeoutError as exc:
+            if job.seconds_left() <= 0:
+                raise timeout_error(request.request_id) from None
+            raise overloaded_error(
+                503, "queue_timeout", str(exc), self.config.retry_after_s
+            ) from None
+
+    def _no_candidate(self, request: Request, exc: NoCandidateError) -> GatewayError:
+        """400 if no backend of the model could ever fit the request, else 503."""
+        serving = [
+            b.endpoint
+            for b in self.backends.values()
+            if request.model in (None, AUTO_MODEL) or b.model == request.model
+        ]
+        if serving and not any(e.can_fit(request) for e in serving):
+            return GatewayError(
+                400, str(exc), kind="context_length", code="context_length_exceeded"
+            )
+        return GatewayError(
+            503, str(exc), kind="no_backend", type_=SERVER_ERROR, code="no_healthy_backend"
+        )
+
+    async def _attempt(
+        self, http_request: web.Request, job: Job, request: Request, backend: Backend
+    ) -> web.StreamResponse | _Failure:
+        """One try on ``backend``; always gives its slot back."""
+        outcome = _Outcome()
+        try:
+            return await self._exchange(http_request, job, request, backend, outcome)
+        finally:
+            self.admission.finish(
+                request, backend.name, has_first_byte=outcome.has_first_byte, is_ok=outcome.is_ok
+            )
+
+    async def _exchange(
+        self,
+        http_request: web.Request,
+        job: Job,
+        request: Request,
+        backend: Backend,
+        outcome: _Outcome,
+    ) -> web.StreamResponse | _Failure:
+        assert self._session is not None, "Proxy.start() was not called"
+        timeout = aiohttp.ClientTimeout(
+            total=max(job.seconds_left(), 0.001), sock_connect=self.config.connect_timeout_s
+        )
+        try:
+            response = await self._session.post(
+                backend.route_urls[job.route],
+                data=job.body_for(backend),
+                headers=backend.request_headers,
+                timeout=timeout,
+            )
+        except BACKEND_ERRORS as exc:
+            return self._backend_failed(job, backend, "backend_connect", exc)
+        try:
+            if response.status >= 500:
+                detail = await _error_detail(response)
+                self.health.record(backend.name, False)
+                return _Failure("backend_5xx", f"{backend.name} answered HTTP {detail}")
+            if job.parsed.is_stream and response.status == 200:
+                return await self._relay_stream(
+                    http_request, job, request, backend, response, outcome
+                )
+            return await self._relay_whole(job, backend, response, outcome)
+        finally:
+            response.close()  # a no-op after a complete read; else drops the connection
+
+    def _backend_failed(
+        self, job: Job, backend: Backend, kind: str, exc: BaseException
+    ) -> _Failure:
+        if job.seconds_left() <= 0:
+            raise timeout_error(job.request.request_id)
+        self.health.record(backend.name, False)
+        return _Failure(kind, f"{backend.name}: {type(exc).__name__}: {exc}")
+
+    async def _relay_whole(
+        self, job: Job, backend: Backend, response: aiohttp.ClientResponse, outcome: _Outcome
+    ) -> web.StreamResponse | _Failure:
+        try:
+            data = await response.read()
+        except BACKEND_ERRORS as exc:
+            return self._backend_failed(job, backend, "backend_disconnect", exc)
+        self.health.record(backend.name, True)
+        outcome.is_ok = response.status < 400
+        return web.Response(
+            status=response.status, body=data, headers=_response_headers(response, backend)
+        )
+
+    async def _relay_stream(
+        self,
+        http_request: web.Request,
+        job: Job,
+        request: Request,
+        backend: Backend,
+        response: aiohttp.ClientResponse,
+        outcome: _Outcome,
+    ) -> web.StreamResponse | _Failure:
+        content = response.content
+        try:
+            chunk = await content.readany()
+        except BACKEND_ERRORS as exc:
+            return self._backend_failed(job, backend, "backend_disconnect", exc)
+        if not chunk:
+            self.health.record(backend.name, False)
+            return _Failure("backend_empty", f"{backend.name} ended the stream before any byte")
+        outcome.has_first_byte = True
+        self.admission.first_byte(request, backend.name)
+        self.metrics.ttft.observe(time.monotonic() - job.started_s)
+        headers = _response_headers(response, backend)
+        headers["Cache-Control"] = "no-cache"
+        out = web.StreamResponse(status=200, headers=headers)
+        try:
+            # the deadline bounds reading the backend (its ClientTimeout); this bounds
+            # writing to a client that stopped reading, which would hold the slot forever
+            async with asyncio.timeout(max(job.seconds_left(), 0.0) + STALLED_CLIENT_GRACE_S):
+                outcome.is_ok = await self._pipe(http_request, job, backend, content, chunk, out)
+        except TimeoutError:
+            self.metrics.errors.labels("client_stalled").inc()
+            if http_request.transport is not None:
+                http_request.transport.close()
+        except ConnectionResetError:  # the client went away; closing drops the backend too
+            self.metrics.errors.labels("client_disconnect").inc()
+        return out
+
+    async def _pipe(
+        self,
+        http_request: web.Request,
+        job: Job,
+        backend: Backend,
+        content: aiohttp.StreamReader,
+        chunk: bytes,
+        out: web.StreamResponse,
+    ) -> bool:
+        """Relay bytes as they arrive until the backend's end; True if it ended cleanly."""
+        await out.prepare(http_request)
+        while chunk:
+            await out.write(chunk)
+            try:
+                chunk = await content.readany()
+            except BACKEND_ERRORS as exc:
+                await self._end_broken_stream(job, backend, out, exc)
+                return False
+        await out.write_eof()
+        self.health.record(backend.name, True)
+        return True
+
+    async def _end_broken_stream(
+        self, job: Job, backend: Backend, out: web.StreamResponse, exc: BaseException
+    ) -> None:
+        """The backend failed after bytes reached the client: say so, close, never replay."""
+        if job.seconds_left() <= 0:
+            kind, message = "timeout", "the request timed out mid-stream"
+        else:
+            kind, message = "midstream", f"backend {backend.name} failed mid-stream"
+            self.health.record(backend.name, False)
+        self.metrics.errors.labels(kind).inc()
+        log.warning("%s: %s (%s: %s)", job.request.request_id, message, type(exc).__name__, exc)
+        await out.write(b"\n\n" + sse_error_event(message, kind))
+        await out.write_eof()
+
+
+def _response_headers(response: aiohttp.ClientResponse, backend: Backend) -> dict[str, str]:
+    return {
+        "Content-Type": response.headers.get("Content-Type", "application/json"),
+        "x-longroute-endpoint": backend.name,
+        "x-longroute-model": backend.model,
+    }
+
+
+async def _error_detail(response: aiohttp.ClientResponse) -> str:
+    try:
+        text = (await response.read()).decode(errors="replace")
+    except BACKEND_ERRORS:
+        text = ""
+    return f"{response.status}: {text[:MAX_ERROR_DETAIL_CHARS]}".rstrip(": ")

@@ -1,0 +1,60 @@
+"""Active RTT probes: time a cheap GET to each backend and keep an EWMA in the FleetView."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+import aiohttp
+
+from longroute.estimators.rtt import RttEwma
+from longroute.gateway.backends import Backend
+from longroute.gateway.health import PROBE_ERRORS, ReachabilityLog
+from longroute.routing.fleet_view import FleetView
+
+
+class RttProber:
+    """Every ``interval_s``, GETs each backend's health path over a pooled keep-alive
+    connection (no handshake, so the sample is one HTTP round trip) and folds the
+    time into that backend's :class:`RttEwma`, seeded by its first sample.
+    Failed probes give no sample; they are logged once per change.
+    """
+
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        fleet: FleetView,
+        *,
+        interval_s: float,
+        timeout_s: float,
+    ) -> None:
+        self.backends = backends
+        self.fleet = fleet
+        self.estimates: dict[str, RttEwma] = {}
+        self._interval_s = interval_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._reachability = ReachabilityLog("RTT probe")
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Probe forever; cancelled at shutdown."""
+        while True:
+            await asyncio.gather(*(self.probe(session, b) for b in self.backends.values()))
+            await asyncio.sleep(self._interval_s)
+
+    async def probe(self, session: aiohttp.ClientSession, backend: Backend) -> None:
+        started_s = time.perf_counter()
+        try:
+            async with session.get(
+                backend.health_url, headers=backend.probe_headers, timeout=self._timeout
+            ) as response:
+                await response.read()
+        except PROBE_ERRORS as exc:
+            self._reachability.update(backend.name, False, f"{type(exc).__name__}: {exc}")
+            return
+        self._reachability.update(backend.name, True)
+        sample_ms = (time.perf_counter() - started_s) * 1000.0
+        estimate = self.estimates.get(backend.name)
+        if estimate is None:
+            estimate = self.estimates[backend.name] = RttEwma(prior_ms=sample_ms)
+        self.fleet.set_rtt(backend.name, estimate.update(sample_ms))
