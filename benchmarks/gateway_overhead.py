@@ -1,0 +1,293 @@
+"""Gateway overhead: a fast fixed backend behind longroute and sglang-router.
+
+One run, side by side, each piece in its own process: a backend that answers
+every chat request at once with 16 tokens (streamed as 16 SSE chunks, or as
+one JSON body), and 32 closed-loop clients against
+
+* the backend directly,
+* ``longroute serve`` with the round-robin router,
+* ``longroute serve`` with the prefix-cache router,
+* sglang-router 0.3.2 (``--policy cache_aware``), installed in its own venv
+  under ``~/.cache/longroute/sglang-router-0.3.2`` on first use.
+
+It prints req/s, p50/p99 latency and the p50 added over direct per target,
+streamed and not, and the ratios to sglang-router; the last line is one
+JSON object.
+
+    python benchmarks/gateway_overhead.py [--seconds 8] [--concurrency 32] [--no-sglang]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SGLANG_VERSION = "0.3.2"
+CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "longroute"))
+MODEL = "fast-16"
+REPLY_TOKENS = 16
+
+
+# ---- the fixed fast backend (runs with --serve-backend PORT) ------------------
+def _serve_backend(port: int) -> None:
+    from aiohttp import web
+
+    words = [f" w{i}" for i in range(REPLY_TOKENS)]
+    body = json.dumps({
+        "id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
+        "choices": [{"index": 0, "finish_reason": "length",
+                     "message": {"role": "assistant", "content": "".join(words)}}],
+        "usage": {"prompt_tokens": 8, "completion_tokens": REPLY_TOKENS, "total_tokens": 24},
+    }).encode()  # fmt: skip
+    chunks = [
+        b"data: " + json.dumps({
+            "id": "x", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}],
+        }).encode() + b"\n\n"
+        for w in words
+    ] + [b"data: [DONE]\n\n"]  # fmt: skip
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        payload = await request.json()
+        if not payload.get("stream"):
+            return web.Response(body=body, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in chunks:
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def info(_: web.Request) -> web.Response:
+        return web.json_response({"model_path": MODEL, "served_model_name": MODEL})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    for path in ("/health", "/health_generate"):
+        app.router.add_get(path, ok)
+    app.router.add_get("/v1/models", models)
+    for path in ("/get_model_info", "/get_server_info"):
+        app.router.add_get(path, info)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# ---- load (runs with --load URL) ------------------------------------------------
+async def _load(url: str, concurrency: int, seconds: float, is_stream: bool) -> dict[str, float]:
+    import aiohttp
+
+    latencies: list[float] = []
+    errors = 0
+    payload = json.dumps({
+        "model": MODEL, "stream": is_stream, "max_tokens": REPLY_TOKENS,
+        "messages": [{"role": "user", "content": "say sixteen words"}],
+    }).encode()  # fmt: skip
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer x"}
+    deadline = time.perf_counter() + seconds
+    conn = aiohttp.TCPConnector(limit=concurrency * 2)
+    async with aiohttp.ClientSession(connector=conn) as session:
+
+        async def worker() -> None:
+            nonlocal errors
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                try:
+                    async with session.post(url, data=payload, headers=headers) as resp:
+                        await resp.read()
+                        if resp.status != 200:
+                            errors += 1
+                            continue
+                except aiohttp.ClientError:
+                    errors += 1
+                    continue
+                latencies.append(time.perf_counter() - t0)
+
+        t_start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t_start
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "req_per_s": n / wall,
+        "p50_ms": 1000 * latencies[n // 2] if n else float("nan"),
+        "p99_ms": 1000 * latencies[min(n - 1, int(n * 0.99))] if n else float("nan"),
+        "num_requests": n,
+        "num_errors": errors,
+    }
+
+
+# ---- orchestration ----------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} was up")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s")
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _sglang_python() -> Path:
+    venv = CACHE / f"sglang-router-{SGLANG_VERSION}"
+    python = venv / "bin" / "python"
+    if not (venv / ".installed").exists():
+        print(f"installing sglang-router {SGLANG_VERSION} into {venv} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"sglang-router=={SGLANG_VERSION}"],
+            check=True,
+        )
+        (venv / ".installed").write_text(SGLANG_VERSION)
+    return python
+
+
+def _gateway_config(path: Path, port: int, backend_url: str, router: str) -> None:
+    path.write_text(
+        json.dumps(
+            {
+                "listen": {"host": "127.0.0.1", "port": port},
+                "router": {"name": router},
+                "backends": [
+                    {"name": "fast", "url": backend_url, "model": MODEL, "max_concurrency": 1024}
+                ],
+                "admission": {"max_queue": 4096},
+            }
+        )  # fmt: skip
+    )
+
+
+def _measure(url: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    out = {}
+    for mode in ("non-stream", "stream"):
+        cmd = [sys.executable, __file__, "--load", url, "--mode", mode,
+               "--seconds", str(args.seconds), "--concurrency", str(args.concurrency)]  # fmt: skip
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--no-sglang", action="store_true", help="skip sglang-router")
+    parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--load", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="non-stream", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_backend:
+        _serve_backend(args.serve_backend)
+        return
+    if args.load:
+        res = asyncio.run(_load(args.load, args.concurrency, args.seconds, args.mode == "stream"))
+        print(json.dumps(res))
+        return
+    _run_all(args)
+
+
+def _run_all(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="lr-gw-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        backend_port = _free_port()
+        backend = f"http://127.0.0.1:{backend_port}"
+        procs.append(_start([sys.executable, __file__, "--serve-backend", str(backend_port)],
+                            tmp / "backend.log"))  # fmt: skip
+        _wait_ready(f"{backend}/health", procs[-1])
+        targets = {"direct": backend}
+        for router in ("round-robin", "prefix-cache"):
+            port = _free_port()
+            cfg = tmp / f"gw-{router}.yaml"
+            _gateway_config(cfg, port, backend, router)
+            procs.append(_start([sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
+                                 "--log-level", "warning"], tmp / f"gw-{router}.log"))  # fmt: skip
+            _wait_ready(f"http://127.0.0.1:{port}/ready", procs[-1])
+            targets[f"longroute {router}"] = f"http://127.0.0.1:{port}"
+        if not args.no_sglang:
+            port = _free_port()
+            procs.append(_start([str(_sglang_python()), "-m", "sglang_router.launch_router",
+                                 "--worker-urls", backend, "--policy", "cache_aware",
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                tmp / "sglang.log"))  # fmt: skip
+            _wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
+            targets["sglang-router"] = f"http://127.0.0.1:{port}"
+        for label, base in targets.items():
+            results[label] = _measure(f"{base}/v1/chat/completions", args)
+            _print_target(label, results[label], results.get("direct"))
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+    _print_ratios(results)
+    print(json.dumps(results, sort_keys=True))
+
+
+def _print_target(label: str, res: dict[str, dict[str, float]],
+                  direct: dict[str, dict[str, float]] | None) -> None:  # fmt: skip
+    for mode, r in res.items():
+        added = r["p50_ms"] - direct[mode]["p50_ms"] if direct else 0.0
+        r["added_p50_ms"] = added
+        print(f"{label:>24} {mode:>10}: {r['req_per_s']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  "
+              f"p99 {r['p99_ms']:6.2f} ms  added p50 {added:6.2f} ms  "
+              f"errors {r['num_errors']:.0f}", flush=True)  # fmt: skip
+
+
+def _print_ratios(results: dict[str, dict[str, dict[str, float]]]) -> None:
+    base = results.get("sglang-router")
+    if base is None:
+        return
+    for label, res in results.items():
+        if not label.startswith("longroute"):
+            continue
+        for mode, r in res.items():
+            b = base[mode]
+            tput = r["req_per_s"] / b["req_per_s"]
+            r["throughput_vs_sglang"] = tput
+            print(f"{label} {mode}: throughput {tput:.2f}x sglang-router, added p50 "
+                  f"{r['added_p50_ms']:.2f} ms vs {b['added_p50_ms']:.2f} ms")  # fmt: skip
+    print("(one run per target on a shared machine: rerun to gauge the noise)")
+
+
+if __name__ == "__main__":
+    main()
