@@ -193,7 +193,7 @@ def _gateway_config(path: Path, port: int, backend_url: str, router: str) -> Non
                 ],
                 "admission": {"max_queue": 4096},
             }
-        )  # fmt: skip
+        )
     )
 
 
