@@ -165,12 +165,14 @@ def simulate(
 def _register_commands() -> None:
     """Verbs whose code lives in their own packages (imported lazily inside them)."""
     from longroute.bench.cli import bench_command
+    from longroute.demo.cli import demo_command
     from longroute.emulator.cli import emulate_command
     from longroute.gateway.cli import serve_command
 
     app.command("serve")(serve_command)
     app.command("emulate")(emulate_command)
     app.command("bench")(bench_command)
+    app.command("demo")(demo_command)
 
 
 _register_commands()
