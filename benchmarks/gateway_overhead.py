@@ -11,10 +11,10 @@ one JSON body), and 32 closed-loop clients against
   under ``~/.cache/longroute/sglang-router-0.3.2`` on first use.
 
 It prints req/s, p50/p99 latency and the p50 added over direct per target,
-streamed and not, and the ratios to sglang-router; the last line is one
-JSON object.
+streamed and not (medians of ``--repeat`` interleaved rounds), and the ratios
+to sglang-router; the last line is one JSON object.
 
-    python benchmarks/gateway_overhead.py [--seconds 8] [--concurrency 32] [--no-sglang]
+    python benchmarks/gateway_overhead.py [--seconds 5] [--repeat 3] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -209,8 +210,9 @@ def _measure(url: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--no-sglang", action="store_true", help="skip sglang-router")
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
@@ -253,14 +255,25 @@ def _run_all(args: argparse.Namespace) -> None:
                                 tmp / "sglang.log"))  # fmt: skip
             _wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
             targets["sglang-router"] = f"http://127.0.0.1:{port}"
-        for label, base in targets.items():
-            results[label] = _measure(f"{base}/v1/chat/completions", args)
+        runs: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label in targets}
+        for _ in range(args.repeat):  # interleaved rounds: drift hits every target alike
+            for label, base in targets.items():
+                runs[label].append(_measure(f"{base}/v1/chat/completions", args))
+        for label in targets:
+            results[label] = _median_runs(runs[label])
             _print_target(label, results[label], results.get("direct"))
     finally:
         for proc in reversed(procs):
             _stop(proc)
     _print_ratios(results)
     print(json.dumps(results, sort_keys=True))
+
+
+def _median_runs(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {
+        mode: {key: statistics.median(r[mode][key] for r in runs) for key in runs[0][mode]}
+        for mode in runs[0]
+    }
 
 
 def _print_target(label: str, res: dict[str, dict[str, float]],
@@ -286,7 +299,7 @@ def _print_ratios(results: dict[str, dict[str, dict[str, float]]]) -> None:
             r["throughput_vs_sglang"] = tput
             print(f"{label} {mode}: throughput {tput:.2f}x sglang-router, added p50 "
                   f"{r['added_p50_ms']:.2f} ms vs {b['added_p50_ms']:.2f} ms")  # fmt: skip
-    print("(one run per target on a shared machine: rerun to gauge the noise)")
+    print("(medians of interleaved rounds; the machine is shared, so compare ratios)")
 
 
 if __name__ == "__main__":
