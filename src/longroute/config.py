@@ -8,7 +8,7 @@ the dotted path of the bad field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -137,31 +137,39 @@ class ScenarioConfig(_Model):
         return self
 
 
-def _format_validation_error(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: invalid scenario"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {where}: {err['msg']}")
-    return "\n".join(lines)
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_mapping(data: object, model: type[M], source: str, what: str) -> M:
+    """Validate parsed YAML into ``model``; errors name ``source`` and each bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a {what} must be a mapping, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: invalid {what}"]
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def read_yaml(path: Path, what: str) -> object:
+    """Parse a YAML file; an unreadable file or bad YAML is a ConfigError naming it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
 def parse_scenario(data: object, source: str) -> ScenarioConfig:
     """Validate a mapping (parsed YAML) into a ScenarioConfig."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: a scenario must be a mapping, got {type(data).__name__}")
-    try:
-        return ScenarioConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(source, exc)) from None
+    return validate_mapping(data, ScenarioConfig, source, "scenario")
 
 
 def load_scenario_file(path: Path) -> ScenarioConfig:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read scenario: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_scenario(data, str(path))
+    return parse_scenario(read_yaml(path, "scenario"), str(path))

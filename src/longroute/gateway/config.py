@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from longroute.config import ConfigError
+from longroute.config import ConfigError, read_yaml, validate_mapping
 from longroute.routing.fleet_view import AUTO_MODEL
 
 MIB_BYTES = 1024 * 1024
@@ -177,34 +176,11 @@ def resolve_secrets(config: GatewayConfig) -> GatewaySecrets:
     return GatewaySecrets(backend_keys, client_keys)
 
 
-def _format(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: invalid gateway config"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {where}: {err['msg']}")
-    return "\n".join(lines)
-
-
 def parse_gateway_config(data: object, source: str) -> GatewayConfig:
     """Validate parsed YAML into a GatewayConfig; errors name ``source`` and the field."""
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{source}: a gateway config must be a mapping, got {type(data).__name__}"
-        )
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format(source, exc)) from None
+    return validate_mapping(data, GatewayConfig, source, "gateway config")
 
 
 def load_gateway_config(path: Path) -> GatewayConfig:
     """Read and validate a fleet YAML file; raises ConfigError with a clear message."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read gateway config: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_gateway_config(data, str(path))
+    return parse_gateway_config(read_yaml(path, "gateway config"), str(path))
