@@ -524,3 +524,29 @@ def test_cli_serves_and_announces_its_url() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("is_stream", [True, False])
+def test_client_disconnect_aborts_the_sequence(is_stream: bool) -> None:
+    """As in vLLM, a request whose client leaves gives back its seat and KV memory."""
+
+    async def scenario() -> tuple[dict[str, float], dict[str, float]]:
+        async with emulator(speed=1.0) as url, aiohttp.ClientSession() as session:
+            body = chat_body("load me", max_tokens=5000, stream=is_stream)
+            task = asyncio.ensure_future(post_json(session, url + "/v1/chat/completions", body))
+            await asyncio.sleep(0.1)
+            busy = await scrape(session, url)
+            task.cancel()  # the client hangs up mid-reply
+            await asyncio.gather(task, return_exceptions=True)
+            for _ in range(100):  # the server notices the closed connection
+                await asyncio.sleep(0.02)
+                after = await scrape(session, url)
+                if after["vllm:num_requests_running"] == 0:
+                    break
+        return busy, after
+
+    busy, after = asyncio.run(scenario())
+    assert busy["vllm:num_requests_running"] == 1
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0.0
+    assert after["vllm:generation_tokens_total"] < 5000  # it did not run to the end

@@ -209,3 +209,36 @@ def test_tpot_matches_decode_step_time_for_a_lone_request() -> None:
     steps = pred.decode_stretch_time_s(1, 1000, 100)
     assert rec.finish_s - rec.first_token_s == pytest.approx(steps, rel=1e-12)
     assert math.isclose(rec.tpot_s or 0.0, steps / 100, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("is_fast_forward", [True, False])
+def test_abort_frees_seat_and_memory(is_fast_forward: bool) -> None:
+    """A decoding and a prefilling request are aborted; the others finish; memory returns."""
+    turns = [(0.0, Turn(3000, 400)) for _ in range(3)] + [(0.0, Turn(60_000, 50))]
+    eps = [Endpoint(name="e0", model="llama-3-8b", hardware="h100", region="r")]
+    net = Network({"r": {"r": RTT_MS}}, "r", random.Random(0))
+    sim = Simulation(
+        eps, {"e0": _predictor()}, net, ROUTERS.build("round-robin"), _timed(*turns), TRACE,
+        options=EngineOptions(is_fast_forward=is_fast_forward),
+    )  # fmt: skip
+    engine = sim.engines["e0"]
+    aborted: list[str] = []
+
+    def abort_some(_a: object, _b: object) -> None:
+        # at 0.3 s the 3K requests decode and the 60K one is still prefilling
+        decoding = {s.request.request_id: s for s in engine.decoding.members}
+        prefilling = {s.request.request_id: s for s in engine.prefilling}
+        assert "s1:0" in decoding and "s3:0" in prefilling
+        for seq in (decoding["s1:0"], prefilling["s3:0"]):
+            assert engine.abort(seq, sim.loop.now_s)
+            assert not engine.abort(seq, sim.loop.now_s)  # only once
+            aborted.append(seq.request.request_id)
+
+    sim.loop.at(0.3, abort_some)
+    res = sim.run()
+    done = {r.request_id for r in res.records}
+    assert aborted == ["s1:0", "s3:0"]
+    assert done == {"s0:0", "s2:0"}  # aborted ones never finish, the others do
+    assert engine.num_running == 0 and len(engine.queue) == 0
+    assert engine.kv.num_private_tokens == 0
+    assert engine.kv.cache.num_blocks == engine.kv.cache.num_evictable_blocks

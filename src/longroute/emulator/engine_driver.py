@@ -17,9 +17,8 @@ sequence is implicit in the engine's decode group (``base_generated + step -
 base_step``); after each advance the driver publishes every running
 stream's new token count with the wall time of the engine's clock.
 
-Not supported by the engine model: aborting a sequence. A request whose
-client went away keeps its seat and KV memory until it finishes, as in an
-engine that does not abort.
+A request whose client goes away is aborted: its seat and KV memory are
+freed at once, as vLLM does.
 """
 
 from __future__ import annotations
@@ -140,6 +139,19 @@ class EngineDriver:
         stream.seq = self.engine.submit(request, self.now_s(), stream)
         self._arm()
         return stream
+
+    def abort(self, stream: TokenStream) -> None:
+        """The client went away: free the request's seat and KV memory, as vLLM does.
+
+        A no-op once the stream has all its tokens (the sequence finished).
+        """
+        seq = stream.seq
+        if seq is None or stream.num_published >= stream.num_output_tokens:
+            return
+        self.advance()
+        if self.engine.abort(seq, self.now_s()):
+            self._running.pop(stream, None)
+        self._arm()
 
     def advance(self) -> None:
         """Run the engine up to now and publish new tokens (also before /metrics reads)."""

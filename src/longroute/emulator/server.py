@@ -159,9 +159,12 @@ class Emulator:
         renderer = ReplyRenderer(
             kind, request_id, int(time.time()), self.model_name, parsed.prompt.key
         )
-        if parsed.is_stream:
-            return await self._stream(request, parsed, stream, renderer, plan)
-        return await self._whole(parsed, stream, renderer)
+        try:
+            if parsed.is_stream:
+                return await self._stream(request, parsed, stream, renderer, plan)
+            return await self._whole(parsed, stream, renderer)
+        finally:
+            self.driver.abort(stream)  # the client left early (or a no-op: it finished)
 
     def _usage(self, parsed: ParsedRequest, stream: TokenStream) -> Any:
         return usage(parsed.prompt.num_tokens, parsed.num_output_tokens, stream.num_cached_tokens)
@@ -213,7 +216,7 @@ class Emulator:
             await response.write(renderer.closing_chunks(parsed.finish_reason, usage_obj))
             await response.write_eof()
         except ConnectionResetError:
-            pass  # the client left; the engine finishes the sequence (it cannot abort)
+            pass  # the client left; the handler's finally aborts the sequence
         return response
 
 

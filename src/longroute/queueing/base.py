@@ -32,6 +32,10 @@ class QueuePolicy(Protocol):
         """Remove and return what ``peek`` returned."""
         ...
 
+    def remove(self, item: Any) -> bool:
+        """Take ``item`` out (its client went away); False if it is not queued."""
+        ...
+
     def __len__(self) -> int: ...
 
 

@@ -29,5 +29,13 @@ class FCFSQueue:
     def pop(self, now_s: float) -> Any:
         return self._items.popleft()
 
+    def remove(self, item: Any) -> bool:
+        """O(n), and only on an abort."""
+        try:
+            self._items.remove(item)
+        except ValueError:
+            return False
+        return True
+
     def __len__(self) -> int:
         return len(self._items)

@@ -105,6 +105,28 @@ class EngineModel:
             self._cut_stretch(now_s)
         return seq
 
+    def abort(self, seq: Sequence, now_s: float) -> bool:
+        """Drop a request whose client went away, freeing its seat and KV memory now.
+
+        Returns False if it already finished (or was aborted). An iteration in
+        flight keeps its predicted time; its share for ``seq`` is discarded.
+        """
+        if seq.is_aborted:
+            return False
+        if self._stretch is not None:
+            self._cut_stretch(now_s)  # the rest of the stretch runs without it
+        if seq in self.decoding.members:
+            self.decoding.remove(seq)
+        elif seq in self.prefilling:
+            self.prefilling.remove(seq)
+        elif not self.queue.remove(seq):
+            return False
+        self.kv.release(seq)
+        seq.is_aborted = True
+        if not self._is_busy:
+            self._step(now_s)
+        return True
+
     @property
     def num_running(self) -> int:
         return len(self.prefilling) + len(self.decoding)
@@ -270,6 +292,8 @@ class EngineModel:
         listener = self.listener
         is_done_prefilling = False
         for seq, n in self._plan:
+            if seq.is_aborted:
+                continue
             seq.num_computed_tokens += n
             self.kv.settle(seq)
             if seq.num_computed_tokens < seq.target_tokens:

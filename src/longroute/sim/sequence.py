@@ -28,6 +28,7 @@ class Sequence:
         "finish_step",
         "first_token_s",
         "hashes",
+        "is_aborted",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_generated",
@@ -57,6 +58,7 @@ class Sequence:
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.first_token_s: float | None = None
+        self.is_aborted = False
         # while decoding, progress is implicit: computed = base_computed + step - base_step
         self.base_step = 0
         self.base_computed = 0
