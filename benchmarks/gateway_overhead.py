@@ -23,14 +23,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _harness import free_port, measure, median_runs, start, stop, wait_ready
 
 SGLANG_VERSION = "0.3.2"
 CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "longroute"))
@@ -132,41 +131,6 @@ async def _load(url: str, concurrency: int, seconds: float, is_stream: bool) -> 
 
 
 # ---- orchestration ----------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} was up")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s")
-
-
-def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _sglang_python() -> Path:
@@ -198,16 +162,6 @@ def _gateway_config(path: Path, port: int, backend_url: str, router: str) -> Non
     )
 
 
-def _measure(url: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    out = {}
-    for mode in ("non-stream", "stream"):
-        cmd = [sys.executable, __file__, "--load", url, "--mode", mode,
-               "--seconds", str(args.seconds), "--concurrency", str(args.concurrency)]  # fmt: skip
-        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -233,47 +187,42 @@ def _run_all(args: argparse.Namespace) -> None:
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, dict[str, dict[str, float]]] = {}
     try:
-        backend_port = _free_port()
+        backend_port = free_port()
         backend = f"http://127.0.0.1:{backend_port}"
-        procs.append(_start([sys.executable, __file__, "--serve-backend", str(backend_port)],
+        procs.append(start([sys.executable, __file__, "--serve-backend", str(backend_port)],
                             tmp / "backend.log"))  # fmt: skip
-        _wait_ready(f"{backend}/health", procs[-1])
+        wait_ready(f"{backend}/health", procs[-1])
         targets = {"direct": backend}
         for router in ("round-robin", "prefix-cache"):
-            port = _free_port()
+            port = free_port()
             cfg = tmp / f"gw-{router}.yaml"
             _gateway_config(cfg, port, backend, router)
-            procs.append(_start([sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
+            procs.append(start([sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
                                  "--log-level", "warning"], tmp / f"gw-{router}.log"))  # fmt: skip
-            _wait_ready(f"http://127.0.0.1:{port}/ready", procs[-1])
+            wait_ready(f"http://127.0.0.1:{port}/ready", procs[-1])
             targets[f"longroute {router}"] = f"http://127.0.0.1:{port}"
         if not args.no_sglang:
-            port = _free_port()
-            procs.append(_start([str(_sglang_python()), "-m", "sglang_router.launch_router",
+            port = free_port()
+            procs.append(start([str(_sglang_python()), "-m", "sglang_router.launch_router",
                                  "--worker-urls", backend, "--policy", "cache_aware",
                                  "--host", "127.0.0.1", "--port", str(port)],
                                 tmp / "sglang.log"))  # fmt: skip
-            _wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
+            wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
             targets["sglang-router"] = f"http://127.0.0.1:{port}"
         runs: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label in targets}
         for _ in range(args.repeat):  # interleaved rounds: drift hits every target alike
             for label, base in targets.items():
-                runs[label].append(_measure(f"{base}/v1/chat/completions", args))
+                runs[label].append(
+                    measure(f"{base}/v1/chat/completions", args.seconds, args.concurrency)
+                )
         for label in targets:
-            results[label] = _median_runs(runs[label])
+            results[label] = median_runs(runs[label])
             _print_target(label, results[label], results.get("direct"))
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
     _print_ratios(results)
     print(json.dumps(results, sort_keys=True))
-
-
-def _median_runs(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    return {
-        mode: {key: statistics.median(r[mode][key] for r in runs) for key in runs[0][mode]}
-        for mode in runs[0]
-    }
 
 
 def _print_target(label: str, res: dict[str, dict[str, float]],

@@ -40,30 +40,26 @@ import contextlib
 import importlib.metadata
 import json
 import os
-import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from _harness import LOAD_SCRIPT, MODES, free_port, measure, median_runs, start, stop, wait_ready
 
 if TYPE_CHECKING:
     import aiohttp
 
 CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "longroute"))
 STACK_VENV = CACHE / "proxy-stack-venv"
-GATEWAY_OVERHEAD = Path(__file__).with_name("gateway_overhead.py")
 PINNED = ("starlette==1.10.0", "uvicorn[standard]==0.54.0", "httpx==0.28.1", "httptools==0.9.0")
 STACK_PACKAGES = ("starlette", "uvicorn", "httpx", "httptools")
 SHARED = ("aiohttp", "uvloop")  # pinned to this interpreter's versions
 STACKS = ("aiohttp", "starlette-httpx", "starlette-aiohttp", "asgi-aiohttp")
 BASELINE = "aiohttp"
-MODES = ("non-stream", "stream")
 CHAT_PATH = "/v1/chat/completions"
 JSON_TYPE = "application/json"
 SSE_TYPE = "text/event-stream"
@@ -325,44 +321,6 @@ def _versions(python: Path | str, names: list[str]) -> dict[str, str]:
 
 
 # ---- processes ---------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _wait_ready(
-    url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"{proc.args!r} exited with {proc.returncode} before {url} was up; "
-                f"log:\n{log.read_text()}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s; log:\n{log.read_text()}")
 
 
 def _post(url: str, is_stream: bool) -> tuple[int, str, bytes]:
@@ -391,31 +349,6 @@ def _check_relay(stack: str, url: str, direct_url: str) -> None:
 
 
 # ---- measurement ---------------------------------------------------------------------------
-def _measure(url: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    out = {}
-    for mode in MODES:
-        cmd = [
-            sys.executable,
-            str(GATEWAY_OVERHEAD),
-            "--load",
-            url,
-            "--mode",
-            mode,
-            "--seconds",
-            str(args.seconds),
-            "--concurrency",
-            str(args.concurrency),
-        ]
-        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
-    return out
-
-
-def _median_runs(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    return {
-        mode: {key: statistics.median(r[mode][key] for r in runs) for key in runs[0][mode]}
-        for mode in MODES
-    }
 
 
 def _parse_stacks(text: str) -> list[str]:
@@ -440,34 +373,30 @@ def _run_all(args: argparse.Namespace) -> None:
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, dict[str, dict[str, float]]] = {}
     try:
-        port = _free_port()
+        port = free_port()
         backend = f"http://127.0.0.1:{port}"
         log = tmp / "backend.log"
-        procs.append(
-            _start([sys.executable, str(GATEWAY_OVERHEAD), "--serve-backend", str(port)], log)
-        )
-        _wait_ready(f"{backend}/health", procs[-1], log)
+        procs.append(start([sys.executable, str(LOAD_SCRIPT), "--serve-backend", str(port)], log))
+        wait_ready(f"{backend}/health", procs[-1], log)
         targets = {"direct": backend}
         for stack in stacks:
             python = sys.executable if stack == "aiohttp" else str(stack_python)
-            port = _free_port()
+            port = free_port()
             log = tmp / f"{stack}.log"
-            procs.append(
-                _start([python, __file__, "--serve-proxy", stack, str(port), backend], log)
-            )
-            _wait_ready(f"http://127.0.0.1:{port}/health", procs[-1], log)
+            procs.append(start([python, __file__, "--serve-proxy", stack, str(port), backend], log))
+            wait_ready(f"http://127.0.0.1:{port}/health", procs[-1], log)
             _check_relay(stack, f"http://127.0.0.1:{port}{CHAT_PATH}", backend + CHAT_PATH)
             targets[stack] = f"http://127.0.0.1:{port}"
         runs: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label in targets}
         for i in range(args.repeat):  # interleaved rounds: drift hits every target alike
             print(f"round {i + 1}/{args.repeat} ...", flush=True)
             for label, base in targets.items():
-                runs[label].append(_measure(base + CHAT_PATH, args))
+                runs[label].append(measure(base + CHAT_PATH, args.seconds, args.concurrency))
         for label in targets:
-            results[label] = _median_runs(runs[label])
+            results[label] = median_runs(runs[label])
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
     _print_table(results)
     winners = _print_ratios(results)
     config = {"seconds": args.seconds, "concurrency": args.concurrency, "repeat": args.repeat}

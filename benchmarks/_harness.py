@@ -1,0 +1,78 @@
+"""Process and measurement helpers shared by the gateway benchmarks (stdlib only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+MODES = ("non-stream", "stream")
+LOAD_SCRIPT = Path(__file__).resolve().parent / "gateway_overhead.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """A child in its own session (so its whole group can be stopped), output to ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_ready(
+    url: str, proc: subprocess.Popen[bytes], log: Path | None = None, timeout_s: float = 120.0
+) -> None:
+    """Poll ``url`` until it answers 200; a child that dies first is an error with its log."""
+    tail = (lambda: f"; log:\n{log.read_text()}") if log is not None else (lambda: "")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{proc.args!r} exited with {proc.returncode} before {url} was up{tail()}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s{tail()}")
+
+
+def measure(url: str, seconds: float, concurrency: int) -> dict[str, dict[str, float]]:
+    """Closed-loop load on ``url`` in a separate process, streamed and not."""
+    out = {}
+    for mode in MODES:
+        cmd = [sys.executable, str(LOAD_SCRIPT), "--load", url, "--mode", mode,
+               "--seconds", str(seconds), "--concurrency", str(concurrency)]  # fmt: skip
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def median_runs(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per mode and figure, the median over rounds."""
+    return {
+        mode: {key: statistics.median(r[mode][key] for r in runs) for key in runs[0][mode]}
+        for mode in runs[0]
+    }
