@@ -18,7 +18,6 @@ under a millisecond of event-loop time.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,8 +28,6 @@ from longroute.clock import Clock
 from longroute.gateway.backends import Backend
 from longroute.gateway.health import PROBE_ERRORS, ReachabilityLog
 from longroute.routing.fleet_view import FleetView
-
-log = logging.getLogger("longroute.gateway")
 
 WAITING_NAMES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
 RUNNING_NAMES = (

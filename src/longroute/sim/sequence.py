@@ -65,15 +65,3 @@ class Sequence:
         self.base_generated = 0
         self.finish_step = 0
         self.epoch = 0
-
-    @property
-    def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.target_tokens
-
-    @property
-    def num_remaining_prefill_tokens(self) -> int:
-        return self.target_tokens - self.num_computed_tokens
-
-    @property
-    def num_remaining_output_tokens(self) -> int:
-        return self.num_output_tokens - self.num_generated
