@@ -13,7 +13,10 @@ class RequestRecord:
 
     ``arrival_s`` is when the client issued it, ``dispatch_s`` when the router
     sent it, ``first_token_s`` / ``finish_s`` when the first / last token
-    reached the client (network delay included).
+    reached the client (network delay included). ``query_id`` names the user
+    question an attempt belongs to (retries of one question share it; ``None``
+    means the request is its own query); ``is_correct`` is the checked answer,
+    ``None`` where correctness is not modelled.
     """
 
     request_id: str
@@ -32,6 +35,8 @@ class RequestRecord:
     attempt: int = 1
     num_preemptions: int = 0
     slo: SLO | None = None
+    query_id: str | None = None
+    is_correct: bool | None = None
 
     @property
     def ttft_s(self) -> float:
