@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from longroute.sim.simulator import SimResult
 
 TABLE_WIDTH = 180
+_TTCA_TABLE_TITLE = (
+    "TTCA per setting: mean TTCA (censored queries at their censored value) and final "
+    "success; ratio = TTCA(laar) / TTCA(other), red where > 1"
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -102,7 +106,8 @@ def simulate(
         return
     from longroute.metrics.report import summary_json, summary_table, write_report
     from longroute.metrics.summary import summarize
-    from longroute.sim.scenario import load_scenario, run_scenario
+    from longroute.metrics.ttca_report import setting_table
+    from longroute.sim.scenario import load_scenario, resolve_routers, run_scenario
     from longroute.workloads.traces import TraceError
 
     router_names = None
@@ -112,7 +117,7 @@ def simulate(
             raise _fail("--routers names no router; give a comma-separated list")
     try:
         config = load_scenario(scenario)
-        names = router_names or config.routers
+        names = resolve_routers(config, router_names)
         progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -123,14 +128,11 @@ def simulate(
             disable=not sys.stderr.isatty(),
         )
         with progress:
-            from longroute.routing import ROUTERS
-
-            total = len(names or ROUTERS.names())
-            task = progress.add_task(f"simulating {config.name}", total=total)
+            task = progress.add_task(f"simulating {config.name}", total=len(names))
             run = run_scenario(
                 config,
                 seed=seed,
-                routers=router_names,
+                routers=names,
                 trace=trace,
                 on_router_done=lambda _name: progress.advance(task),
             )
@@ -141,23 +143,31 @@ def simulate(
     summaries = {
         r: summarize(res.records, num_rejected=res.num_rejected) for r, res in run.results.items()
     }
+    ttca = run.ttca()
     if not no_report:
         folder = out or Path("reports") / config.name
         records = {r: res.records for r, res in run.results.items()}
         try:
             paths = write_report(
-                folder, scenario=name, seed=run.seed, summaries=summaries, records_by_router=records
+                folder,
+                scenario=name,
+                seed=run.seed,
+                summaries=summaries,
+                records_by_router=records,
+                ttca=ttca,
             )
         except OSError as exc:
             raise _fail(f"{folder}: cannot write the report: {exc.strerror or exc}") from None
     if json_output:
-        sys.stdout.write(summary_json(name, run.seed, summaries) + "\n")
+        sys.stdout.write(summary_json(name, run.seed, summaries, ttca) + "\n")
     else:
-        console.print(
-            summary_table(
-                summaries, title=f"{name} (seed {run.seed}, {run.workload.num_requests} requests)"
-            )
-        )
+        size = f"{run.workload.num_requests} requests"
+        if ttca:
+            size = f"{run.workload.num_requests} queries, up to {run.max_attempts} attempts each"
+        title = f"{name} (seed {run.seed}, {size})"
+        console.print(summary_table(summaries, title=title, ttca=ttca))
+        if ttca:
+            console.print(setting_table(ttca, title=_TTCA_TABLE_TITLE))
     if not no_report and not json_output:
         console.print(f"report: {folder} ({len(paths)} files)")
 
@@ -167,12 +177,14 @@ def _register_commands() -> None:
     from longroute.bench.cli import bench_command
     from longroute.demo.cli import demo_command
     from longroute.emulator.cli import emulate_command
+    from longroute.fit_cli import fit_app
     from longroute.gateway.cli import serve_command
 
     app.command("serve")(serve_command)
     app.command("emulate")(emulate_command)
     app.command("bench")(bench_command)
     app.command("demo")(demo_command)
+    app.add_typer(fit_app, name="fit")
 
 
 _register_commands()
