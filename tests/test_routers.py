@@ -1,4 +1,4 @@
-"""The six baseline routers, driven through a FleetView."""
+"""The built-in routers, driven through a FleetView (LAAR with a flat capability model)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from longroute.estimators.capability import CapabilityModel, ModelCoefficients
 from longroute.registry import RegistryError
 from longroute.routing import ROUTERS, NoCandidateError, Router
 from longroute.routing.fleet_view import FleetView
@@ -21,7 +22,16 @@ BUILTIN = [
     "random",
     "round-robin",
     "session-affinity",
+    "laar",
+    "load-aware",
 ]
+# routers that cannot work without parameters, and what the contract tests give them
+REQUIRED_PARAMS: dict[str, dict[str, object]] = {
+    "laar": {
+        "capability": CapabilityModel((4096,), {"m": ModelCoefficients(intercept=0.0)}),
+        "seconds_per_token": {"m": 1e-4},
+    },
+}
 
 
 def make_fleet(names: Sequence[str], model: str = "m", capacity_blocks: int = 10_000) -> FleetView:
@@ -67,14 +77,14 @@ def route_and_dispatch(router: Router, fleet: FleetView, request: Request) -> st
 
 
 def test_importing_routing_registers_all_builtins() -> None:
-    assert ROUTERS.names() == BUILTIN
+    assert ROUTERS.names() == sorted(BUILTIN)
 
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_routers_pick_only_healthy_candidates_and_score_each(name: str) -> None:
     fleet = make_fleet(["e0", "e1", "e2", "e3"])
     fleet.set_health("e1", False)
-    router = ROUTERS.build(name, rng=random.Random(1))
+    router = ROUTERS.build(name, REQUIRED_PARAMS.get(name), rng=random.Random(1))
     assert router.name == name
     for i in range(40):
         decision = router.route(req(f"r{i}", session_id=f"s{i}"), fleet, 0.0)

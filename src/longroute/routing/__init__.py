@@ -15,8 +15,10 @@ BUILTIN_ROUTER_MODULES = (
     "longroute.routing.round_robin",
     "longroute.routing.least_request",
     "longroute.routing.least_load",
+    "longroute.routing.load_aware",
     "longroute.routing.session_affinity",
     "longroute.routing.prefix_cache",
+    "longroute.routing.laar",
 )
 
 

@@ -22,6 +22,14 @@ class NoCandidateError(LookupError):
     """No endpoint can serve the request (model unknown, all unhealthy, or too long)."""
 
 
+class CandidatesExhaustedError(NoCandidateError):
+    """Every candidate's model already answered this request wrongly: a retry is futile.
+
+    Raised by routers that know retries of a model repeat its answer (LAAR
+    under deterministic decoding); the client should stop retrying.
+    """
+
+
 class FleetView:
     def __init__(
         self,
