@@ -11,10 +11,12 @@ import asyncio
 import functools
 import json
 import socket
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -516,3 +518,42 @@ async def test_malformed_requests_get_openai_style_4xx() -> None:
     )
     assert wrong_method[0] == 404 and "GET" in wrong_method[1]["error"]["message"]
     assert a.bodies == []  # nothing invalid reached a backend
+
+
+@async_test
+async def test_laar_reads_the_tried_header_and_refuses_when_every_model_was_tried() -> None:
+    from longroute.estimators.capability import (
+        CapabilityModel,
+        ModelCoefficients,
+        save_capability,
+    )
+
+    capability = CapabilityModel(
+        (4096,), {MODEL: ModelCoefficients(intercept=2.0), "other": ModelCoefficients(0.0)}
+    )
+    folder = tempfile.TemporaryDirectory()
+    path = Path(folder.name) / "capability.json"
+    save_capability(capability, path)
+    a, b = FakeBackend("a"), FakeBackend("b", model="other")
+    router = {
+        "name": "laar",
+        "params": {"capability": str(path), "seconds_per_token": {MODEL: 1e-4, "other": 1e-4}},
+    }
+    async with running_fleet(a, b, router=router, model_aliases={"auto": "auto"}) as fleet:
+        first = await fleet.chat(model="auto")
+        body = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+        retry = await fleet.post(
+            "/v1/chat/completions", body.encode(), {"x-longroute-tried": MODEL}
+        )
+        done = await fleet.post(
+            "/v1/chat/completions", body.encode(), {"x-longroute-tried": f"{MODEL}, other"}
+        )
+    # the more accurate model first; a retry naming it goes to the other
+    assert (first[0], first[1]["x-longroute-model"]) == (200, MODEL)
+    assert (retry[0], retry[1]["x-longroute-model"]) == (200, "other")
+    # every model already answered wrongly: a clear 409, nothing forwarded
+    assert done[0] == 409
+    error = json.loads(done[2])["error"]
+    assert error["code"] == "all_models_tried" and "already answered" in error["message"]
+    assert len(a.bodies) + len(b.bodies) == 2
+    folder.cleanup()

@@ -315,8 +315,8 @@ def test_knob_error_shows_the_bad_value() -> None:
         short_chat(num_sessions=1, seed=0, shared_prefix_fraction=1.5)
 
 
-def test_registry_builds_the_three_generators_and_rejects_unknown_knobs() -> None:
-    assert WORKLOADS.names() == ["long-sessions", "mixed-long-short", "short-chat"]
+def test_registry_builds_the_generators_and_rejects_unknown_knobs() -> None:
+    assert WORKLOADS.names() == ["kv-lookup", "long-sessions", "mixed-long-short", "short-chat"]
     built = WORKLOADS.build("short-chat", {"num_sessions": 5, "seed": 1})
     assert built == short_chat(num_sessions=5, seed=1)
     assert WORKLOADS.build("long-sessions", num_sessions=3, seed=2).name == "long-sessions"

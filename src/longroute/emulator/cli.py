@@ -57,8 +57,26 @@ def emulate_command(
         float, typer.Option(help="Fraction of streamed responses cut (needs --crash-after-tokens).")
     ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the fault decisions.")] = 0,
+    accuracy_table: Annotated[
+        str | None,
+        typer.Option(
+            help="Accuracy table (built-in name, e.g. laar-default, or a YAML path): KV-lookup "
+            "prompts get right or wrong answers as it says (default: answers not modelled)."
+        ),
+    ] = None,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            help="Decoding temperature of the correctness oracle: 0 = the same prompt always "
+            "gets the same verdict; > 0 = independent verdicts per attempt."
+        ),
+    ] = 0.0,
+    correctness_seed: Annotated[
+        int, typer.Option(help="Seed of the correctness verdicts (needs --accuracy-table).")
+    ] = 0,
 ) -> None:
     """Serve an OpenAI-compatible engine emulator timed by the simulator's engine model."""
+    from longroute.emulator.correctness import build_judge
     from longroute.emulator.options import build_endpoint, build_predictor
     from longroute.emulator.runner import run_emulator
 
@@ -81,9 +99,13 @@ def emulate_command(
             crash_rate=crash_rate,
             crash_after_tokens=crash_after_tokens,
             seed=seed,
+            accuracy_table=accuracy_table,
+            temperature=temperature,
+            correctness_seed=correctness_seed,
         )
         # unknown profiles (ProfileError), a model that does not fit, bad limits
         build_endpoint(options, build_predictor(options))
+        build_judge(options)  # an unknown table, or one without the served model
     except ValueError as exc:
         raise _fail(str(exc)) from None
 

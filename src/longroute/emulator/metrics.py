@@ -10,6 +10,10 @@ latency and time per output token in seconds, measured from the request's
 arrival at the engine (not counting the emulated network delay), in wall
 seconds (emulated seconds divided by the speed factor).
 
+With an accuracy table, ``longroute:kv_answers_total{model_name, outcome}``
+counts KV-lookup answers by ``outcome`` ("correct" or "wrong"), when the
+verdict is decided (the request passed its fault decisions).
+
 Each app has its own ``CollectorRegistry``: several emulators in one process
 (tests) never share counters. Counters advance when the engine reports a
 first token (prompt side) or a finish (generation side).
@@ -64,6 +68,12 @@ class EmulatorMetrics:
             ["model_name", "finished_reason"],
             registry=reg,
         )
+        self._kv_answers = Counter(
+            "longroute:kv_answers",
+            "KV-lookup answers by outcome (correct, wrong).",
+            ["model_name", "outcome"],
+            registry=reg,
+        )
         self._ttft = histogram(
             "vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS_S
         )
@@ -100,6 +110,10 @@ class EmulatorMetrics:
         if seq.num_generated > 1:
             self._tpot_child.observe((e2e_s - ttft_s) / (seq.num_generated - 1))
         self._success.labels(self._model_name, finish_reason).inc()
+
+    def on_kv_answer(self, is_correct: bool) -> None:
+        """Count one KV-lookup verdict; called by the handler when it decides one."""
+        self._kv_answers.labels(self._model_name, "correct" if is_correct else "wrong").inc()
 
     # ---- scrape -------------------------------------------------------------
     def render(self, num_waiting: int, num_running: int, kv_usage: float,

@@ -30,6 +30,14 @@ class EmulatorOptions:
     RNGs seeded with ``seed``: ``error_rate`` answer 500 before any byte,
     ``hang_rate`` never answer, ``crash_rate`` of streamed responses have
     their connection cut after ``crash_after_tokens`` tokens.
+
+    ``accuracy_table`` (a built-in name such as ``laar-default``, or a YAML
+    path) turns on answer correctness for KV-lookup prompts (see
+    :mod:`longroute.emulator.correctness`); None leaves every reply filler.
+    ``temperature`` is the decoding temperature the correctness oracle
+    assumes (0: the same prompt always gets the same verdict; the request's
+    own ``temperature`` field is ignored) and ``correctness_seed`` seeds its
+    draws; both need a table.
     """
 
     profile: str
@@ -50,6 +58,9 @@ class EmulatorOptions:
     crash_rate: float = 0.0
     crash_after_tokens: int | None = None
     seed: int = 0
+    accuracy_table: str | None = None
+    temperature: float = 0.0
+    correctness_seed: int = 0
 
     def __post_init__(self) -> None:
         _check_int("num_gpus", self.num_gpus, 1)
@@ -76,10 +87,24 @@ class EmulatorOptions:
                 "crash_after_tokens is set but crash_rate is 0; give the fraction of streamed "
                 "responses to cut (1.0 = all)"
             )
+        self._check_correctness()
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError("served_model_name must not be empty")
         if not self.host.strip():
             raise ValueError("host must not be empty")
+
+    def _check_correctness(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        _check_int("correctness_seed", self.correctness_seed, 0)
+        if self.accuracy_table is None:
+            if self.temperature != 0.0 or self.correctness_seed != 0:
+                raise ValueError(
+                    "temperature and correctness_seed only act on KV-lookup answers; "
+                    "they need accuracy_table (e.g. laar-default)"
+                )
+        elif not self.accuracy_table.strip():
+            raise ValueError("accuracy_table must not be empty (leave it unset to turn it off)")
 
     @property
     def model_name(self) -> str:

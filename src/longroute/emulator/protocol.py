@@ -4,7 +4,8 @@ Called by the handlers once per request, before anything is sent. Any
 problem raises ``ApiError``, which the handler turns into an OpenAI-style
 error body: ``{"error": {"message", "type", "param", "code"}}``. Fields the
 emulator does not act on (temperature, top_p, stop, ...) are accepted and
-ignored, as sampling does not change an emulated reply.
+ignored, as sampling does not change an emulated reply (the correctness of
+KV-lookup answers follows the emulator's own ``temperature`` option).
 """
 
 from __future__ import annotations
@@ -69,7 +70,11 @@ class ApiError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
-    """A valid request: its tokenized prompt and how long the reply is."""
+    """A valid request: its tokenized prompt and how long the reply is.
+
+    ``text`` is the prompt as the engine reads it (the templated chat, or
+    the completion prompt); None for a prompt given as token ids.
+    """
 
     kind: ApiKind
     prompt: Prompt
@@ -77,6 +82,7 @@ class ParsedRequest:
     finish_reason: FinishReason
     is_stream: bool
     is_usage_in_stream: bool
+    text: str | None = None
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -124,7 +130,7 @@ def _message_text(content: object, index: int) -> str:
     return "".join(texts)
 
 
-def _chat_prompt(body: dict[str, Any], block_size_tokens: int) -> Prompt:
+def _chat_text(body: dict[str, Any]) -> str:
     messages = body.get("messages")
     if messages is None:
         raise _bad("'messages' is a required property", "messages")
@@ -138,7 +144,7 @@ def _chat_prompt(body: dict[str, Any], block_size_tokens: int) -> Prompt:
         if not isinstance(role, str) or not role:
             raise _bad(f"'messages[{i}].role' must be a non-empty string", "messages")
         pairs.append((role, _message_text(message.get("content"), i)))
-    return prompt_from_text(chat_template(pairs), block_size_tokens)
+    return chat_template(pairs)
 
 
 def _is_token_ids(value: list[Any]) -> bool:
@@ -147,16 +153,16 @@ def _is_token_ids(value: list[Any]) -> bool:
     )
 
 
-def _completion_prompt(body: dict[str, Any], block_size_tokens: int) -> Prompt:
+def _completion_prompt(body: dict[str, Any], block_size_tokens: int) -> tuple[Prompt, str | None]:
     prompt = body.get("prompt")
     if prompt is None:
         raise _bad("'prompt' is a required property", "prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return prompt_from_text(prompt, block_size_tokens)
+        return prompt_from_text(prompt, block_size_tokens), prompt
     if isinstance(prompt, list) and prompt and _is_token_ids(prompt):
-        return prompt_from_token_ids(prompt, block_size_tokens)
+        return prompt_from_token_ids(prompt, block_size_tokens), None
     raise _bad(
         "'prompt' must be a string, a list of token ids or a list of one of those "
         "(batches of several prompts are not supported)",
@@ -194,20 +200,22 @@ def parse_request(
     if options is not None and not isinstance(options, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
     is_usage = is_stream and options is not None and _optional_bool(options, "include_usage")
+    text: str | None
     if kind is ApiKind.CHAT:
-        prompt = _chat_prompt(body, block_size_tokens)
+        text = _chat_text(body)
+        prompt = prompt_from_text(text, block_size_tokens)
         max_tokens = _optional_int(body, "max_completion_tokens", 1)
         param = "max_completion_tokens"
         if max_tokens is None:
             max_tokens, param = _optional_int(body, "max_tokens", 1), "max_tokens"
     else:
-        prompt = _completion_prompt(body, block_size_tokens)
+        prompt, text = _completion_prompt(body, block_size_tokens)
         max_tokens, param = _optional_int(body, "max_tokens", 1), "max_tokens"
     prompt_param = "messages" if kind is ApiKind.CHAT else "prompt"
     num_output, reason = _output_length(
         prompt, max_tokens, (prompt_param, param), max_model_len_tokens
     )
-    return ParsedRequest(kind, prompt, num_output, reason, is_stream, is_usage)
+    return ParsedRequest(kind, prompt, num_output, reason, is_stream, is_usage, text)
 
 
 def _output_length(

@@ -3,6 +3,11 @@
 Streamed token chunks are rendered from a pre-built prefix and suffix
 around the JSON-encoded piece (the rest of a chunk never changes within a
 reply), so a token costs one small ``json.dumps`` and a concatenation.
+
+A reply's pieces are the deterministic filler of
+:func:`~longroute.emulator.text.output_piece`, except that ``first_piece``,
+when given (the answer to a KV-lookup question), replaces piece 0: one
+output token then carries the whole answer.
 """
 
 from __future__ import annotations
@@ -32,11 +37,20 @@ def _sse(obj: Any) -> bytes:
 class ReplyRenderer:
     """Renders one reply's bodies; created by the handler per request."""
 
-    __slots__ = ("_chunk_prefix", "_chunk_suffix", "created", "key", "kind", "model",
-                 "request_id")  # fmt: skip
+    __slots__ = ("_chunk_prefix", "_chunk_suffix", "created", "first_piece", "key", "kind",
+                 "model", "request_id")  # fmt: skip
 
-    def __init__(self, kind: ApiKind, request_id: str, created: int, model: str, key: int) -> None:
+    def __init__(
+        self,
+        kind: ApiKind,
+        request_id: str,
+        created: int,
+        model: str,
+        key: int,
+        first_piece: str | None = None,
+    ) -> None:
         self.kind = kind
+        self.first_piece = first_piece
         self.request_id = request_id
         self.created = created
         self.model = model
@@ -59,7 +73,10 @@ class ReplyRenderer:
 
     # ---- not streamed -------------------------------------------------------
     def body(self, num_tokens: int, finish_reason: str, usage_obj: Any) -> bytes:
-        text = "".join(output_piece(self.key, i) for i in range(num_tokens))
+        key = self.key
+        text = "".join(output_piece(key, i) for i in range(num_tokens))
+        if self.first_piece is not None and num_tokens > 0:
+            text = self.first_piece + text[len(output_piece(key, 0)) :]
         choice: dict[str, Any]
         if self.kind is ApiKind.CHAT:
             message = {"role": "assistant", "content": text, "tool_calls": []}
@@ -85,8 +102,12 @@ class ReplyRenderer:
     def token_chunks(self, start: int, stop: int) -> bytes:
         """One SSE event per output token ``start..stop-1``."""
         prefix, suffix, key, dumps = self._chunk_prefix, self._chunk_suffix, self.key, json.dumps
-        return "".join(
-            [prefix + dumps(output_piece(key, i)) + suffix for i in range(start, stop)]
+        head = ""
+        if self.first_piece is not None and start == 0 < stop:
+            head, start = prefix + dumps(self.first_piece) + suffix, 1
+        return (
+            head
+            + "".join([prefix + dumps(output_piece(key, i)) + suffix for i in range(start, stop)])
         ).encode()
 
     def closing_chunks(self, finish_reason: str, usage_obj: Any | None) -> bytes:

@@ -8,7 +8,9 @@ request's faults, waits half the network delay (the request travelling),
 submits it to the engine, and starts the response half a delay after the
 engine produced the first token (non-streamed: the last); later streamed
 tokens keep that offset. Response headers are sent with the first token, so
-a failure before it leaves no byte on the wire (a gateway may retry).
+a failure before it leaves no byte on the wire (a gateway may retry). With
+an accuracy table, a KV-lookup prompt's reply starts with a right or wrong
+answer (:mod:`longroute.emulator.correctness`), decided after the faults.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from longroute.emulator.correctness import ATTEMPT_HEADER, KvVerdict, build_judge
 from longroute.emulator.engine_driver import EngineDriver, TokenStream
 from longroute.emulator.faults import FaultInjector, FaultPlan
 from longroute.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
@@ -61,6 +64,7 @@ class Emulator:
             prefix_block_tokens=options.prefix_block_tokens,
             observer=self.metrics,
         )
+        self.judge = build_judge(options)
         self.faults = FaultInjector(
             error_rate=options.error_rate,
             hang_rate=options.hang_rate,
@@ -144,6 +148,11 @@ class Emulator:
             return _error_response(fault)
         if plan.is_hang:
             return await _hang(request)
+        try:
+            verdict = self._verdict(request, parsed)
+        except ApiError as err:
+            await self._travel()
+            return _error_response(err)
         prefix = "chatcmpl-" if kind is ApiKind.CHAT else "cmpl-"
         request_id = prefix + uuid.uuid4().hex
         engine_request = Request(
@@ -156,8 +165,9 @@ class Emulator:
             model=self.model_name,
         )
         stream = self.driver.submit(engine_request, parsed.finish_reason)
+        answer = None if verdict is None else verdict.answer
         renderer = ReplyRenderer(
-            kind, request_id, int(time.time()), self.model_name, parsed.prompt.key
+            kind, request_id, int(time.time()), self.model_name, parsed.prompt.key, answer
         )
         try:
             if parsed.is_stream:
@@ -165,6 +175,17 @@ class Emulator:
             return await self._whole(parsed, stream, renderer)
         finally:
             self.driver.abort(stream)  # the client left early (or a no-op: it finished)
+
+    def _verdict(self, request: web.Request, parsed: ParsedRequest) -> KvVerdict | None:
+        """The KV-lookup verdict of a request (None: no table, or no question); counted."""
+        if self.judge is None or parsed.text is None:
+            return None
+        verdict = self.judge.judge(
+            parsed.text, parsed.prompt.num_tokens, request.headers.get(ATTEMPT_HEADER)
+        )
+        if verdict is not None:
+            self.metrics.on_kv_answer(verdict.is_correct)
+        return verdict
 
     def _usage(self, parsed: ParsedRequest, stream: TokenStream) -> Any:
         return usage(parsed.prompt.num_tokens, parsed.num_output_tokens, stream.num_cached_tokens)

@@ -128,6 +128,12 @@ class GatewayConfig(_Model):
         "(uvicorn's default is 5 s) so a request never lands on a connection being closed.",
     )
     chars_per_token: float = Field(4.0, gt=0, description="Prompt characters per token.")
+    default_task: str | None = Field(
+        None,
+        min_length=1,
+        description="Task of requests without an x-longroute-task header (e.g. kv-lookup), "
+        "a feature of accuracy-aware routers; None = unknown.",
+    )
 
     @model_validator(mode="after")
     def _names_and_aliases(self) -> GatewayConfig:

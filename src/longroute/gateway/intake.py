@@ -1,6 +1,12 @@
 """Intake: from an HTTP request to a :class:`Job` (auth, body limit, the longroute Request).
 
 Called once per client request, before routing; everything here is O(body).
+The Request's LAAR features: ``language`` by :func:`detect_language` on the
+prompt text (a constant-size sample of its end, some 30 us; None for prompts
+given as token ids; the role names of the neutral chat template fall in the
+sample, a few Latin letters that never outvote three East-Asian characters),
+``task`` from the ``x-longroute-task`` header or else the config's
+``default_task``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from longroute.clock import Clock
+from longroute.features.language import detect_language
 from longroute.gateway.backends import Backend
 from longroute.gateway.config import GatewayConfig
 from longroute.gateway.errors import GatewayError
@@ -23,6 +30,7 @@ from longroute.types import Request
 
 SESSION_HEADER = "x-longroute-session"
 TRIED_HEADER = "x-longroute-tried"
+TASK_HEADER = "x-longroute-task"
 
 
 class Job:
@@ -117,11 +125,13 @@ class RequestBuilder:
         self.block_size_tokens = config.block_size_tokens
         self.chars_per_token = config.chars_per_token
         self.default_max_tokens = config.admission.default_max_tokens
+        self.default_task = config.default_task
         self.is_hashing = is_hashing
         self._clock = clock
         self._ids = itertools.count(1)
 
     def build(self, parsed: ParsedBody, model: str, headers: Mapping[str, str]) -> Request:
+        language = None
         if parsed.prompt_token_ids is not None:
             features = token_features(
                 parsed.prompt_token_ids, self.block_size_tokens, is_hashing=self.is_hashing
@@ -134,6 +144,7 @@ class RequestBuilder:
                 self.chars_per_token,
                 is_hashing=self.is_hashing,
             )
+            language = detect_language(parsed.prompt_text)
         tried = tried_models(headers.get(TRIED_HEADER))
         max_tokens = parsed.max_output_tokens or self.default_max_tokens
         return Request(
@@ -144,6 +155,8 @@ class RequestBuilder:
             block_hashes=features.block_hashes,
             block_size_tokens=self.block_size_tokens,
             model=model,
+            language=language,
+            task=headers.get(TASK_HEADER, "").strip() or self.default_task,
             session_id=headers.get(SESSION_HEADER) or parsed.user,
             attempt=1 + len(tried),
             tried_models=tried,

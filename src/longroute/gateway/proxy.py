@@ -37,7 +37,7 @@ from longroute.gateway.errors import (
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
-from longroute.routing.fleet_view import AUTO_MODEL, NoCandidateError
+from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request
 
 log = logging.getLogger("longroute.gateway")
@@ -130,6 +130,9 @@ class Proxy:
                 request.tried_endpoints,
                 min(self.config.queue_timeout_s, seconds_left),
             )
+        except CandidatesExhaustedError as exc:
+            # the client's x-longroute-tried names every model: a retry is futile
+            raise GatewayError(409, str(exc), kind="exhausted", code="all_models_tried") from None
         except NoCandidateError as exc:
             if failure is not None:
                 raise all_failed_error(request.tried_endpoints, failure.message) from None

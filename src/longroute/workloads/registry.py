@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from longroute.registry import Registry
 from longroute.workloads.generators import long_sessions, mixed_long_short, short_chat
+from longroute.workloads.kv_lookup import kv_lookup
 from longroute.workloads.types import Workload
 
 WORKLOADS: Registry[Workload] = Registry("workload")
 WORKLOADS.register("short-chat")(short_chat)
 WORKLOADS.register("long-sessions")(long_sessions)
 WORKLOADS.register("mixed-long-short")(mixed_long_short)
+WORKLOADS.register("kv-lookup")(kv_lookup)

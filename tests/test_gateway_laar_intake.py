@@ -1,0 +1,122 @@
+"""The gateway's intake fills the LAAR features: prompt language and task."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from longroute.clock import SimClock
+from longroute.config import ConfigError
+from longroute.gateway.config import parse_gateway_config
+from longroute.gateway.intake import TASK_HEADER, RequestBuilder
+from longroute.gateway.parse import ROUTE_CHAT, ROUTE_COMPLETIONS, parse_body
+from longroute.types import Language, Request
+from longroute.workloads.kv_prompts import KV_LANGUAGES, KV_TASK, build_kv_prompt
+from test_gateway import MODEL, FakeBackend, async_test, running_fleet
+from test_gateway_ops import RecordingRouter
+
+
+def builder(**config: Any) -> RequestBuilder:
+    data = {"backends": [{"name": "a", "url": "http://10.0.0.1:8000", "model": "m"}], **config}
+    return RequestBuilder(parse_gateway_config(data, "fleet.yaml"), SimClock(), is_hashing=False)
+
+
+def chat(content: str) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
+
+
+def build(
+    raw: bytes, headers: dict[str, str] | None = None, route: str = ROUTE_CHAT, **config: Any
+) -> Request:
+    return builder(**config).build(parse_body(raw, route), "m", headers or {})
+
+
+@pytest.mark.parametrize(
+    ("content", "language"),
+    [
+        ("Summarise the following report in three sentences, please.", Language.LATIN),
+        ("次の文章を三つの文で要約してください。", Language.JAPANESE),
+        ("请用三句话总结以下报告。", Language.CJK),
+        ("다음 보고서를 세 문장으로 요약해 주세요.", Language.KOREAN),
+        ("短い文", Language.JAPANESE),  # the template's role name does not outvote it
+    ],
+)
+def test_language_of_chat_prompts(content: str, language: Language | None) -> None:
+    assert build(chat(content)).language is language
+
+
+def test_prompts_without_letters_have_no_language() -> None:
+    raw = json.dumps({"model": "m", "prompt": "12345 67890 {}"}).encode()
+    assert build(raw, route=ROUTE_COMPLETIONS).language is None
+
+
+@pytest.mark.parametrize("language", KV_LANGUAGES)
+def test_language_of_long_kv_prompts_from_their_question(language: Language) -> None:
+    text = build_kv_prompt(0, 65536, language).text
+    assert build(chat(text)).language is language
+    completion = json.dumps({"model": "m", "prompt": text}).encode()
+    assert build(completion, route=ROUTE_COMPLETIONS).language is language
+
+
+def test_token_id_prompts_have_no_language() -> None:
+    raw = json.dumps({"model": "m", "prompt": [1, 2, 3, 4]}).encode()
+    request = build(raw, route=ROUTE_COMPLETIONS)
+    assert request.language is None and request.num_prompt_tokens == 4
+
+
+def test_task_from_the_header_or_the_default() -> None:
+    raw = chat("hello there")
+    assert build(raw).task is None
+    assert build(raw, {TASK_HEADER: KV_TASK}).task == KV_TASK
+    assert build(raw, {TASK_HEADER: " summarise "}).task == "summarise"
+    assert build(raw, default_task=KV_TASK).task == KV_TASK
+    assert build(raw, {TASK_HEADER: "qa"}, default_task=KV_TASK).task == "qa"
+    assert build(raw, {TASK_HEADER: "  "}, default_task=KV_TASK).task == KV_TASK
+
+
+def test_default_task_must_not_be_empty() -> None:
+    data = {"backends": [{"name": "a", "url": "http://a:1", "model": "m"}], "default_task": ""}
+    with pytest.raises(ConfigError, match="default_task"):
+        parse_gateway_config(data, "fleet.yaml")
+    assert parse_gateway_config({**data, "default_task": None}, "f").default_task is None
+
+
+def test_language_detection_cost_does_not_grow_with_the_prompt() -> None:
+    b = builder()
+    short, long = (
+        parse_body(chat("hello " * 100), ROUTE_CHAT),
+        parse_body(chat(build_kv_prompt(0, 131072, Language.JAPANESE).text), ROUTE_CHAT),
+    )
+
+    def per_request_s(parsed: Any) -> float:
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(20):
+                b.build(parsed, "m", {})
+            best = min(best, (time.perf_counter() - start) / 20)
+        return best
+
+    # detection samples the end of the prompt: a 131K-token prompt costs what a short one does
+    assert per_request_s(long) < 0.001
+    assert per_request_s(short) < 0.0002
+
+
+@async_test
+async def test_routers_see_language_and_task_through_the_gateway() -> None:
+    a = FakeBackend("a")
+    async with running_fleet(a, default_task="summarise") as fleet:
+        recorder = RecordingRouter(fleet.gateway.admission.router)
+        fleet.gateway.admission.router = recorder
+        prompt = build_kv_prompt(1, 4096, Language.CJK)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt.text}]}
+        raw = json.dumps(body).encode()
+        status, _, _ = await fleet.post("/v1/chat/completions", raw, {TASK_HEADER: KV_TASK})
+        await fleet.chat("Please summarise this.")
+    assert status == 200
+    kv, plain = recorder.requests
+    assert (kv.language, kv.task) == (Language.CJK, KV_TASK)
+    assert (plain.language, plain.task) == (Language.LATIN, "summarise")
