@@ -103,6 +103,49 @@ class SLOConfig(_Model):
     tpot_s: float | None = Field(None, gt=0, description="Time-per-output-token objective.")
 
 
+class CorrectnessConfig(_Model):
+    accuracy_table: str = Field(
+        "laar-default",
+        description="Accuracy table: a built-in name (see data/accuracy/) or a YAML file path; "
+        "the ground truth of which answers are correct.",
+    )
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        description="Decoding temperature: 0 = deterministic (retrying the same model on the "
+        "same query fails again); > 0 = every attempt an independent draw.",
+    )
+    max_attempts: int = Field(
+        10, ge=1, description="Retry cap R: attempts per query before it counts as failed."
+    )
+    seed: int | None = Field(
+        None, description="Seed of the correctness draws (default: the scenario's seed)."
+    )
+
+
+class CapabilityWorkloadConfig(_Model):
+    generator: str = Field(description="Registered workload generator name.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Generator knobs.")
+
+
+class CapabilityConfig(_Model):
+    fit_workload: CapabilityWorkloadConfig | None = Field(
+        None,
+        description="Offline measurement: every turn of this workload is answered once by "
+        "every model of the fleet (single shot, judged by the correctness oracle), and the "
+        "capability model Q(m,x) is fitted on those outcomes.",
+    )
+    file: str | None = Field(
+        None, description="A capability JSON file (from `longroute fit capability`)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CapabilityConfig:
+        if (self.fit_workload is None) == (self.file is None):
+            raise ValueError("give exactly one of 'fit_workload' or 'file'")
+        return self
+
+
 class ScenarioConfig(_Model):
     name: str = Field(description="Scenario name, shown in reports.")
     description: str = Field("", description="One paragraph on what it models.")
@@ -125,6 +168,16 @@ class ScenarioConfig(_Model):
         200_000, ge=1, description="Router-side prefix index bound per endpoint."
     )
     slo: SLOConfig | None = Field(None, description="Default SLO of every request.")
+    correctness: CorrectnessConfig | None = Field(
+        None,
+        description="Check answers with an accuracy table and retry wrong ones "
+        "(TTCA metrics); None = answers are not checked.",
+    )
+    capability: CapabilityConfig | None = Field(
+        None,
+        description="Capability model Q(m,x) for routers that need one (laar); "
+        "None = such routers cannot run in this scenario.",
+    )
 
     @model_validator(mode="after")
     def _regions_known(self) -> ScenarioConfig:
@@ -134,6 +187,17 @@ class ScenarioConfig(_Model):
                     f"fleet {group.name!r}: region {group.region!r} has no RTT; "
                     f"regions: {sorted(self.network.rtt_ms)}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _fit_needs_oracle(self) -> ScenarioConfig:
+        capability = self.capability
+        is_fitted = capability is not None and capability.fit_workload is not None
+        if is_fitted and self.correctness is None:
+            raise ValueError(
+                "capability.fit_workload needs a 'correctness' section (its accuracy "
+                "table judges the offline answers)"
+            )
         return self
 
 

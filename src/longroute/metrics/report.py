@@ -24,17 +24,25 @@ from rich.table import Table
 
 from longroute.metrics.records import RequestRecord
 from longroute.metrics.summary import requests_per_endpoint
+from longroute.metrics.ttca import TtcaSummary
+from longroute.metrics.ttca_report import (
+    comparison_json,
+    improvement_plot,
+    success_plot,
+    write_setting_csv,
+)
 from longroute.types import SLO
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 SummaryMap = Mapping[str, Mapping[str, float | int | None]]
+TtcaMap = Mapping[str, TtcaSummary]
 Better = Literal["lower", "higher"] | None
 
 MISSING = "—"
 BEST_STYLE = "bold green"
-_RESERVED_JSON_KEYS = frozenset({"scenario", "seed", "routers"})
+_RESERVED_JSON_KEYS = frozenset({"scenario", "seed", "routers", "ttca_comparison"})
 #: Most points drawn per CDF line; more than a figure's pixel resolution.
 CDF_MAX_POINTS = 4000
 
@@ -93,21 +101,54 @@ def _best(values: Sequence[float | int | None], better: Better) -> float | int |
     return min(present) if better == "lower" else max(present)
 
 
-def summary_table(summaries: SummaryMap, *, title: str, row_header: str = "router") -> Table:
+# TTCA columns, shown only when answers were checked
+_TTCA_COLUMNS: tuple[tuple[str, str, Callable[[float | int | None], str], Better], ...] = (
+    ("mean TTCA", "mean_s", format_seconds, "lower"),
+    ("final success", "final_success", format_percent, "higher"),
+    ("censored", "num_censored", format_count, "lower"),
+)
+
+
+def _ttca_value(ttca: TtcaMap, router: str, key: str) -> float | int | None:
+    summary = ttca.get(router)
+    if summary is None:
+        return None
+    value: float | int = getattr(summary, key)
+    return value
+
+
+def summary_table(
+    summaries: SummaryMap,
+    *,
+    title: str,
+    row_header: str = "router",
+    ttca: TtcaMap | None = None,
+) -> Table:
     """One row per router; the best value of each comparable column in bold green.
 
     Latencies and load concentration: lower is better; throughput, cache hit
     ratio and SLO attainment: higher is better. Ties are all highlighted; a
     column with fewer than two values highlights nothing. Missing data is "—".
+    With ``ttca`` (non-empty), three more columns: mean TTCA, final success
+    rate and censored queries.
     """
     table = Table(title=title)
     table.add_column(row_header, style="bold")
-    for header, _, _, _ in _COLUMNS:
+    columns = [(h, fmt, b) for h, _, fmt, b in _COLUMNS]
+    if ttca:
+        columns += [(h, fmt, b) for h, _, fmt, b in _TTCA_COLUMNS]
+    for header, _, _ in columns:
         table.add_column(header, justify="right")
     routers = list(summaries)
     cells: dict[str, list[str]] = {router: [escape(router)] for router in routers}
-    for _, key, fmt, better in _COLUMNS:
-        values = [_column_value(summaries, router, key) for router in routers]
+    value_rows = [
+        [_column_value(summaries, router, key) for router in routers] for _, key, _, _ in _COLUMNS
+    ]
+    if ttca:
+        value_rows += [
+            [_ttca_value(ttca, router, key) for router in routers] for _, key, _, _ in _TTCA_COLUMNS
+        ]
+    for (_, fmt, better), values in zip(columns, value_rows, strict=True):
         best = _best(values, better)
         for router, value in zip(routers, values, strict=True):
             text = fmt(value)
@@ -118,14 +159,33 @@ def summary_table(summaries: SummaryMap, *, title: str, row_header: str = "route
     return table
 
 
-def summary_json(scenario: str, seed: int, summaries: SummaryMap) -> str:
-    """The one-line JSON printed for ``--json``; byte-identical for equal inputs."""
-    payload = {"scenario": scenario, "seed": seed, "routers": _plain(summaries)}
+def summary_json(
+    scenario: str, seed: int, summaries: SummaryMap, ttca: TtcaMap | None = None
+) -> str:
+    """The one-line JSON printed for ``--json``; byte-identical for equal inputs.
+
+    With ``ttca``, each such router's object gains a ``ttca`` object
+    (``TtcaSummary.to_dict``), and a top-level ``ttca_comparison`` compares
+    the first "laar*" router with the others (when there is one).
+    """
+    payload = _payload(scenario, seed, summaries, ttca)
     return json.dumps(payload, sort_keys=True, allow_nan=False)
 
 
-def _plain(summaries: SummaryMap) -> dict[str, dict[str, float | int | None]]:
-    return {router: dict(summary) for router, summary in summaries.items()}
+def _payload(
+    scenario: str, seed: int, summaries: SummaryMap, ttca: TtcaMap | None
+) -> dict[str, object]:
+    routers: dict[str, dict[str, object]] = {
+        router: dict(summary) for router, summary in summaries.items()
+    }
+    payload: dict[str, object] = {"scenario": scenario, "seed": seed, "routers": routers}
+    if ttca:
+        for router, summary in ttca.items():
+            routers[router]["ttca"] = summary.to_dict()
+        comparison = comparison_json(ttca)
+        if comparison is not None:
+            payload["ttca_comparison"] = comparison
+    return payload
 
 
 def write_report(
@@ -136,17 +196,23 @@ def write_report(
     summaries: SummaryMap,
     records_by_router: Mapping[str, Sequence[RequestRecord]],
     extra: Mapping[str, object] | None = None,
+    ttca: TtcaMap | None = None,
 ) -> list[Path]:
     """Write summary.json, requests.csv and three PNG plots into ``out_dir``.
 
     ``summaries`` and ``records_by_router`` must name the same routers, and
     every record must carry the router it is filed under. ``extra`` adds
-    top-level keys to summary.json (not "scenario", "seed" or "routers").
-    Returns the written paths in the order listed above.
+    top-level keys to summary.json (not "scenario", "seed", "routers" or
+    "ttca_comparison"). With ``ttca`` (non-empty; routers named in
+    ``summaries``), summary.json gains what ``summary_json`` adds, and
+    ttca_by_setting.csv, ttca_success.png and (with a "laar*" router and
+    another) ttca_improvement.png follow. Returns the written paths in the
+    order listed above.
     """
     _check_routers(summaries, records_by_router)
-    payload: dict[str, object] = {"scenario": scenario, "seed": seed}
-    payload["routers"] = _plain(summaries)
+    if ttca and not set(ttca) <= set(summaries):
+        raise ValueError(f"ttca names routers {sorted(set(ttca) - set(summaries))} not summarized")
+    payload = _payload(scenario, seed, summaries, ttca)
     if extra is not None:
         clash = sorted(_RESERVED_JSON_KEYS.intersection(extra))
         if clash:
@@ -164,6 +230,12 @@ def write_report(
         _cdf_plot(out_dir / "e2e_cdf.png", scenario, "E2E latency", _e2e, records_by_router)
     )
     paths.append(_endpoint_plot(out_dir / "per_endpoint.png", scenario, records_by_router))
+    if ttca:
+        paths.append(write_setting_csv(out_dir / "ttca_by_setting.csv", ttca))
+        paths.append(success_plot(out_dir / "ttca_success.png", scenario, ttca, records_by_router))
+        heat = improvement_plot(out_dir / "ttca_improvement.png", scenario, ttca)
+        if heat is not None:
+            paths.append(heat)
     return paths
 
 

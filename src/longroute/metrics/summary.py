@@ -8,17 +8,24 @@ records take well under a second.
 Every value returned is a plain ``int``, ``float`` or ``None`` (never a numpy
 scalar, never NaN), so ``json.dumps`` of a summary works and is byte-identical
 for equal inputs. ``None`` means "no data for this metric".
+
+``summarize_ttca`` adds time-to-correct-answer figures for runs whose
+records carry correctness (retrying clients); it returns a ``TtcaSummary``
+(``to_dict()`` for JSON), kept apart from the flat latency summary.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from longroute.features.length import DEFAULT_BUCKET_EDGES_TOKENS
 from longroute.metrics.records import RequestRecord
+from longroute.metrics.ttca import QueryTtca, SettingTtca, TtcaSummary, group_queries, ttca_of
+from longroute.types import Language
 
 DEFAULT_PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 
@@ -147,3 +154,71 @@ def summarize(
     out["num_endpoints_used"] = len(per_endpoint)
     out["duration_s"] = float(duration_s) if duration_s is not None else None
     return out
+
+
+def summarize_ttca(
+    records: Sequence[RequestRecord],
+    max_attempts: int,
+    *,
+    languages: Mapping[str, Language | None] | None = None,
+    bucket_edges_tokens: Sequence[int] = DEFAULT_BUCKET_EDGES_TOKENS,
+) -> TtcaSummary | None:
+    """TTCA summary of one router's checked records; None when no record is checked.
+
+    Queries come from ``metrics.ttca.group_queries`` (see it for
+    ``languages``). Censored queries (no correct answer within R attempts)
+    count at their censored TTCA in the mean and percentiles, as the seed
+    paper does, so those are lower bounds when ``num_censored > 0``.
+    Settings are sorted by (length bucket, language). Called once per router
+    after a run; O(n log n + queries x R).
+    """
+    queries = group_queries(
+        records, max_attempts, languages=languages, bucket_edges_tokens=bucket_edges_tokens
+    )
+    if not queries:
+        return None
+    ttca = np.fromiter((q.outcome.ttca_s for q in queries), dtype=np.float64, count=len(queries))
+    pcts = percentiles(ttca, (50, 95))
+    by_k_success = []
+    by_k_ttca = []
+    for k in range(1, max_attempts + 1):
+        capped = [ttca_of(q.attempts, k) for q in queries]
+        by_k_success.append(sum(not c.is_censored for c in capped) / len(queries))
+        by_k_ttca.append(float(np.mean([c.ttca_s for c in capped])))
+    return TtcaSummary(
+        max_attempts=max_attempts,
+        num_queries=len(queries),
+        mean_s=float(ttca.mean()),
+        p50_s=pcts[50],
+        p95_s=pcts[95],
+        num_censored=sum(q.outcome.is_censored for q in queries),
+        success_by_attempt=tuple(by_k_success),
+        mean_ttca_by_attempt_s=tuple(by_k_ttca),
+        mean_attempts=sum(q.outcome.num_attempts for q in queries) / len(queries),
+        by_setting=_settings(queries),
+    )
+
+
+def _setting_key(query: QueryTtca) -> tuple[int, str]:
+    return query.length_bucket_tokens, "" if query.language is None else query.language.value
+
+
+def _settings(queries: Sequence[QueryTtca]) -> tuple[SettingTtca, ...]:
+    groups: dict[tuple[int, str], list[QueryTtca]] = {}
+    for q in queries:
+        groups.setdefault(_setting_key(q), []).append(q)
+    out = []
+    for key in sorted(groups):
+        group = groups[key]
+        n = len(group)
+        out.append(
+            SettingTtca(
+                length_bucket_tokens=group[0].length_bucket_tokens,
+                language=group[0].language,
+                num_queries=n,
+                mean_ttca_s=sum(q.outcome.ttca_s for q in group) / n,
+                success_rate=sum(not q.outcome.is_censored for q in group) / n,
+                mean_attempts=sum(q.outcome.num_attempts for q in group) / n,
+            )
+        )
+    return tuple(out)

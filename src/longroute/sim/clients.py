@@ -5,6 +5,10 @@
   fleet's state; later turns follow their predecessor's answer plus think time.
 * Closed loop: ``num_users`` users each run sessions back to back, so at most
   ``num_users`` requests are in flight.
+
+Retrying clients (only with a :class:`CorrectnessSpec`): a wrong answer is
+retried at once, up to R attempts per query, with the tried models and
+endpoints in the request (as the gateway's ``x-longroute-tried`` header does).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
+from longroute.sim.correctness import CorrectnessOracle
+from longroute.types import Language, Request
 from longroute.workloads.types import Session, Workload
 
 ARRIVALS = ("poisson", "gamma", "trace")
@@ -67,3 +73,82 @@ def open_loop_starts(
         else:
             t += rng.gammavariate(shape, 1.0 / (rate * shape))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectnessSpec:
+    """Answer checking and retries: ``oracle`` judges answers, ``max_attempts`` is R."""
+
+    oracle: CorrectnessOracle
+    max_attempts: int = 10
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+
+
+def query_id_of(session_id: str, turn_index: int) -> str:
+    """The id of the user question a turn asks; every attempt at it shares the id."""
+    return f"{session_id}:{turn_index}"
+
+
+def query_languages(workload: Workload) -> dict[str, Language | None]:
+    """Each turn's query id -> its prompt language, for the TTCA per-setting table. O(turns)."""
+    return {
+        query_id_of(session.session_id, index): turn.language
+        for session in workload.sessions
+        for index, turn in enumerate(session.turns)
+    }
+
+
+def check_answer(
+    oracle: CorrectnessOracle, session: Session, turn_index: int, model: str, attempt: int
+) -> tuple[str, bool | None]:
+    """The turn's query id and whether ``model``'s answer to it is correct.
+
+    Called by the simulator when an answer reaches its client, only when the
+    run has a :class:`CorrectnessSpec`. ``None``: the turn has no task or no
+    language, so there is nothing to check. O(1).
+    """
+    turn = session.turns[turn_index]
+    query_id = query_id_of(session.session_id, turn_index)
+    if turn.task is None or turn.language is None:
+        return query_id, None
+    is_correct = oracle.is_correct(
+        query_id,
+        model,
+        task=turn.task,
+        language=turn.language,
+        num_prompt_tokens=turn.num_prompt_tokens,
+        attempt=attempt,
+    )
+    return query_id, is_correct
+
+
+def retry_request(old: Request, query_id: str, endpoint: str, model: str, now_s: float) -> Request:
+    """The next attempt at ``old``'s question, issued at ``now_s`` after a wrong answer.
+
+    Same prompt (block hashes included, so a retry on the same engine hits its
+    prefix cache), session and SLO; ``attempt`` + 1; the endpoint and model
+    that answered wrongly appended to ``tried_endpoints`` / ``tried_models``;
+    request id ``"<query id>#<attempt>"``.
+    """
+    attempt = old.attempt + 1
+    return Request(
+        request_id=f"{query_id}#{attempt}",
+        arrival_s=now_s,
+        num_prompt_tokens=old.num_prompt_tokens,
+        num_output_tokens=old.num_output_tokens,
+        block_hashes=old.block_hashes,
+        block_size_tokens=old.block_size_tokens,
+        model=old.model,
+        language=old.language,
+        task=old.task,
+        session_id=old.session_id,
+        program_id=old.program_id,
+        stage=old.stage,
+        slo=old.slo,
+        attempt=attempt,
+        tried_endpoints=(*old.tried_endpoints, endpoint),
+        tried_models=(*old.tried_models, model),
+    )

@@ -1,4 +1,12 @@
-"""Scenarios: built-in YAML files or user files, resolved into simulation runs."""
+"""Scenarios: built-in YAML files or user files, resolved into simulation runs.
+
+A scenario with a ``correctness`` section checks answers and retries wrong
+ones (TTCA metrics); one with a ``capability`` section builds Q(m,x) once
+(fitted offline on its ``fit_workload``, or read from a file) and hands it to
+every router whose class sets ``needs_capability = True`` (laar). Such
+routers are left out of the default "all routers" list of scenarios without
+a ``capability`` section, and naming one there is a ConfigError.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +20,14 @@ from pathlib import Path
 import yaml
 
 from longroute.config import ConfigError, ScenarioConfig, load_scenario_file, parse_scenario
+from longroute.estimators.capability import CapabilityModel
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
+from longroute.metrics.summary import summarize_ttca
+from longroute.metrics.ttca import TtcaSummary
 from longroute.routing import ROUTERS
-from longroute.sim.clients import ClientSpec
+from longroute.sim.clients import ClientSpec, CorrectnessSpec, query_languages
+from longroute.sim.laar_fit import build_capability, build_oracle, check_table_covers
 from longroute.sim.network import Network
 from longroute.sim.simulator import EngineOptions, SimResult, Simulation
 from longroute.types import SLO, Endpoint
@@ -109,12 +121,68 @@ def build_predictors(endpoints: list[Endpoint]) -> dict[str, RuntimePredictor]:
     return out
 
 
+def needs_capability(router: str) -> bool:
+    """True if the registered router class asks for a ``capability`` (``needs_capability``)."""
+    return bool(getattr(ROUTERS.get(router), "needs_capability", False))
+
+
+def _has_capability(config: ScenarioConfig, router: str) -> bool:
+    return config.capability is not None or "capability" in config.router_params.get(router, {})
+
+
+def resolve_routers(config: ScenarioConfig, routers: list[str] | None = None) -> list[str]:
+    """The routers to run: ``routers``, else the scenario's, else every registered one.
+
+    The default "every router" leaves out routers that need a capability
+    model when the scenario has none. Raises ``RegistryError`` for an
+    unknown name (in ``router_params`` too) and ``ConfigError`` for a
+    capability router named in a scenario without a ``capability`` section.
+    """
+    for name in [*(routers or []), *(config.routers or []), *config.router_params]:
+        ROUTERS.get(name)  # fail before any work on an unknown name (a typo in params too)
+    if routers or config.routers:
+        names = list(routers or config.routers or [])
+    else:
+        names = [
+            n for n in ROUTERS.names() if not needs_capability(n) or _has_capability(config, n)
+        ]
+    for name in names:
+        if needs_capability(name):
+            if not _has_capability(config, name):
+                raise ConfigError(
+                    f"router {name!r} needs a capability model, but scenario {config.name!r} "
+                    "has no `capability` section (add one with fit_workload or file)"
+                )
+            if config.capability is not None and "capability" in config.router_params.get(name, {}):
+                raise ConfigError(
+                    f"router {name!r}: give the capability model once, in the `capability` "
+                    f"section or in router_params.{name}.capability, not both"
+                )
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class ScenarioRun:
+    """Results per router; ``max_attempts`` is R when answers were checked, else None."""
+
     config: ScenarioConfig
     seed: int
     workload: Workload
     results: dict[str, SimResult]
+    max_attempts: int | None = None
+    capability: CapabilityModel | None = None
+
+    def ttca(self) -> dict[str, TtcaSummary]:
+        """TTCA summary per router (router order kept); empty without answer checking."""
+        if self.max_attempts is None:
+            return {}
+        languages = query_languages(self.workload)
+        out = {}
+        for router, result in self.results.items():
+            summary = summarize_ttca(result.records, self.max_attempts, languages=languages)
+            if summary is not None:
+                out[router] = summary
+        return out
 
 
 def run_scenario(
@@ -127,18 +195,12 @@ def run_scenario(
 ) -> ScenarioRun:
     """Simulate the scenario once per router, all on the same workload and seed."""
     seed = config.seed if seed is None else seed
-    names = routers or config.routers or ROUTERS.names()
-    for name in [*names, *config.router_params]:
-        ROUTERS.get(name)  # fail before any work on an unknown name (a typo in params too)
+    names = resolve_routers(config, routers)
     endpoints = build_endpoints(config)
     predictors = build_predictors(endpoints)
     endpoints = fit_context_limits(endpoints, predictors)
     workload = build_workload(config, seed, trace)
-    c = config.clients
-    arrival = "trace" if trace is not None else c.arrival
-    clients = ClientSpec(
-        c.kind, arrival, c.rate_per_s, c.cv, c.num_users, c.think_time_s, c.time_scale
-    )
+    clients = _client_spec(config, trace)
     slo = SLO(config.slo.ttft_s, config.slo.e2e_s, config.slo.tpot_s) if config.slo else None
     options = EngineOptions(
         config.queue_policy,
@@ -147,24 +209,25 @@ def run_scenario(
         config.scrape_interval_s,
         config.prefix_index_capacity_blocks,
     )
+    correctness = _correctness(config, seed, endpoints, workload)
+    capability = None
+    if config.capability is not None and any(needs_capability(n) for n in names):
+        models = sorted({e.model for e in endpoints})
+        oracle = correctness.oracle if correctness is not None else None
+        capability = build_capability(config.capability, oracle, models, seed)
     results: dict[str, SimResult] = {}
     for name in names:
         # each router gets its own streams, derived from the seed and its name only
         salt = zlib.crc32(name.encode())
-        router = ROUTERS.build(name, config.router_params.get(name), rng=random.Random(seed ^ salt))
-        net = config.network
-        network = Network(
-            net.rtt_ms,
-            net.router_region,
-            random.Random(seed),
-            jitter_sigma=net.jitter_sigma,
-            peak_probability=net.peak_probability,
-            peak_multiplier=net.peak_multiplier,
+        is_given = capability is not None and needs_capability(name)
+        extra = {"capability": capability} if is_given else {}
+        router = ROUTERS.build(
+            name, config.router_params.get(name), rng=random.Random(seed ^ salt), **extra
         )
         sim = Simulation(
             endpoints,
             predictors,
-            network,
+            _network(config, seed),
             router,
             workload,
             clients,
@@ -172,8 +235,42 @@ def run_scenario(
             options=options,
             default_slo=slo,
             router_name=name,
+            correctness=correctness,
         )
         results[name] = sim.run()
         if on_router_done is not None:
             on_router_done(name)
-    return ScenarioRun(config, seed, workload, results)
+    max_attempts = correctness.max_attempts if correctness is not None else None
+    return ScenarioRun(config, seed, workload, results, max_attempts, capability)
+
+
+def _client_spec(config: ScenarioConfig, trace: Path | None) -> ClientSpec:
+    c = config.clients
+    arrival = "trace" if trace is not None else c.arrival
+    return ClientSpec(
+        c.kind, arrival, c.rate_per_s, c.cv, c.num_users, c.think_time_s, c.time_scale
+    )
+
+
+def _network(config: ScenarioConfig, seed: int) -> Network:
+    """A fresh network per router: every router sees the same RTT draws."""
+    net = config.network
+    return Network(
+        net.rtt_ms,
+        net.router_region,
+        random.Random(seed),
+        jitter_sigma=net.jitter_sigma,
+        peak_probability=net.peak_probability,
+        peak_multiplier=net.peak_multiplier,
+    )
+
+
+def _correctness(
+    config: ScenarioConfig, seed: int, endpoints: list[Endpoint], workload: Workload
+) -> CorrectnessSpec | None:
+    """The scenario's answer checking, validated against the fleet and workload up front."""
+    if config.correctness is None:
+        return None
+    oracle = build_oracle(config.correctness, seed)
+    check_table_covers(oracle.table, sorted({e.model for e in endpoints}), workload)
+    return CorrectnessSpec(oracle, config.correctness.max_attempts)

@@ -3,6 +3,14 @@
 The router is called with the simulator's FleetView exactly as the gateway
 calls it. Everything random draws from generators seeded by ``seed``, so a
 run is a pure function of its inputs.
+
+With a :class:`CorrectnessSpec`, clients check every answer whose turn has a
+task and a language with the spec's oracle, when the answer reaches them. A
+wrong answer before attempt R makes the client reissue the same turn at once
+as a new request (attempt + 1, the tried model and endpoint appended, same
+prompt blocks, so a retry on the same engine hits its prefix cache); a
+correct answer or attempt R ends the query and the session goes on. Without
+a spec, answers are not checked and nothing is retried.
 """
 
 from __future__ import annotations
@@ -16,9 +24,16 @@ from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RequestRecord
 from longroute.queueing.base import QUEUE_POLICIES
 from longroute.routing.base import Router
-from longroute.routing.fleet_view import FleetView, NoCandidateError
+from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView, NoCandidateError
 from longroute.sim.batching import BATCH_PACKERS
-from longroute.sim.clients import ClientSpec, open_loop_starts
+from longroute.sim.clients import (
+    ClientSpec,
+    CorrectnessSpec,
+    check_answer,
+    open_loop_starts,
+    query_id_of,
+    retry_request,
+)
 from longroute.sim.engine import EngineModel
 from longroute.sim.events import EventLoop
 from longroute.sim.network import Network
@@ -49,6 +64,8 @@ class SimResult:
     num_preemptions: int
     num_rejected: int
     rejections: tuple[str, ...]  # the first few reasons, for the report
+    # queries whose retry the router refused (every model already tried)
+    num_exhausted: int = 0
 
 
 class _Flight:
@@ -98,6 +115,7 @@ class Simulation:
         options: EngineOptions | None = None,
         default_slo: SLO | None = None,
         router_name: str | None = None,
+        correctness: CorrectnessSpec | None = None,
     ) -> None:
         self.options = options or EngineOptions()
         self.loop = EventLoop()
@@ -106,6 +124,7 @@ class Simulation:
         self.workload = workload
         self.clients = clients
         self.default_slo = default_slo
+        self.correctness = correctness
         self.router_name: str = router_name or str(getattr(router, "name", type(router).__name__))
         self._rng = random.Random(seed)
         base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
@@ -136,6 +155,7 @@ class Simulation:
         self._arrivals: Iterator[tuple[float, Session]] = iter(())
         self._next_session = 0
         self._num_rejected = 0
+        self._num_exhausted = 0  # queries given up because the router had nothing new
         self._rejections: list[str] = []
 
     # ---- driving -------------------------------------------------------
@@ -163,6 +183,7 @@ class Simulation:
             num_preemptions=sum(e.num_preemptions for e in self.engines.values()),
             num_rejected=self._num_rejected,
             rejections=tuple(self._rejections),
+            num_exhausted=self._num_exhausted,
         )
 
     def _schedule_next_arrival(self) -> None:
@@ -192,11 +213,10 @@ class Simulation:
     # ---- one request ---------------------------------------------------
     def _issue(self, item: tuple[Session, int, int | None], _: object) -> None:
         session, turn_index, user = item
-        now_s = self.loop.now_s
         turn = session.turns[turn_index]
         request = Request(
-            request_id=f"{session.session_id}:{turn_index}",
-            arrival_s=now_s,
+            request_id=f"{session.session_id}:{turn_index}",  # = query_id_of(...), inlined
+            arrival_s=self.loop.now_s,
             num_prompt_tokens=turn.num_prompt_tokens,
             num_output_tokens=turn.num_output_tokens,
             block_hashes=turn.block_hashes,
@@ -207,8 +227,23 @@ class Simulation:
             session_id=session.session_id,
             slo=turn.slo or self.default_slo,
         )
+        self._dispatch(request, session, turn_index, user)
+
+    def _dispatch(
+        self, request: Request, session: Session, turn_index: int, user: int | None
+    ) -> None:
+        """Route one attempt (issued now) and send it on its way."""
+        now_s = request.arrival_s
         try:
             decision = self.router.route(request, self.fleet, now_s)
+        except CandidatesExhaustedError:
+            if request.attempt == 1:
+                raise
+            # the router says every model already answered wrongly: the client
+            # gives up on this query (censored) and goes on with its session
+            self._num_exhausted += 1
+            self._next_turn(session, turn_index, user, now_s)
+            return
         except NoCandidateError as exc:
             # the client gets an error: the session ends there
             self._num_rejected += 1
@@ -253,6 +288,13 @@ class Simulation:
         # every answer is a passive RTT probe
         self.fleet.set_rtt(name, self._rtt[name].update(flight.rtt_s * 1000.0))
         endpoint = self.fleet.endpoint(name)
+        query_id: str | None = None
+        is_correct: bool | None = None
+        spec = self.correctness
+        if spec is not None:
+            query_id, is_correct = check_answer(
+                spec.oracle, flight.session, flight.turn_index, endpoint.model, request.attempt
+            )
         self._records.append(
             RequestRecord(
                 request_id=request.request_id,
@@ -271,14 +313,25 @@ class Simulation:
                 attempt=request.attempt,
                 num_preemptions=seq.num_preemptions,
                 slo=request.slo,
+                query_id=query_id,
+                is_correct=is_correct,
             )
         )
-        self._next_turn(flight, now_s)
+        if is_correct is False and spec is not None and request.attempt < spec.max_attempts:
+            self._retry(flight, endpoint.model, now_s)
+        else:
+            self._next_turn(flight.session, flight.turn_index, flight.user, now_s)
 
-    def _next_turn(self, flight: _Flight, now_s: float) -> None:
-        session, index = flight.session, flight.turn_index + 1
+    def _retry(self, flight: _Flight, model: str, now_s: float) -> None:
+        """Reissue the turn of a wrong answer at once, telling the router what was tried."""
+        query_id = query_id_of(flight.session.session_id, flight.turn_index)
+        request = retry_request(flight.request, query_id, flight.endpoint, model, now_s)
+        self._dispatch(request, flight.session, flight.turn_index, flight.user)
+
+    def _next_turn(self, session: Session, turn_index: int, user: int | None, now_s: float) -> None:
+        index = turn_index + 1
         if index < len(session.turns):
             think_s = session.turns[index].think_time_s
-            self.loop.at(now_s + think_s, self._issue, (session, index, flight.user), None)
-        elif flight.user is not None:
-            self._start_next_session(flight.user, now_s + self.clients.think_time_s)
+            self.loop.at(now_s + think_s, self._issue, (session, index, user), None)
+        elif user is not None:
+            self._start_next_session(user, now_s + self.clients.think_time_s)
