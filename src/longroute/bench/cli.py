@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from longroute.workloads.kv_prompts import KV_CHARS_PER_TOKEN
+
 #: Closed-loop users when neither --concurrency nor --rate is given.
 DEFAULT_CONCURRENCY = 8
 TABLE_WIDTH = 180
@@ -59,7 +61,11 @@ def bench_command(
         typer.Option(help="A second target to compare with the first (URL or LABEL=URL)."),
     ] = None,
     workload: Annotated[
-        str, typer.Option(help="Workload generator: short-chat, long-sessions, mixed-long-short.")
+        str,
+        typer.Option(
+            help="Workload generator: short-chat, long-sessions, mixed-long-short, or kv-lookup "
+            "(real KV-lookup questions whose answers are checked; reports TTCA)."
+        ),
     ] = "short-chat",
     param: Annotated[
         list[str] | None,
@@ -108,6 +114,21 @@ def bench_command(
     think_time_scale: Annotated[
         float, typer.Option(help="Multiply the workload's think times between turns (0: none).")
     ] = 1.0,
+    max_attempts: Annotated[
+        int,
+        typer.Option(
+            help="kv-lookup: ask a wrongly answered question again, up to this many attempts "
+            "in all (1: no retries). Retries go out at once with x-longroute-tried (the models "
+            "that answered wrongly) and x-longroute-attempt; TTCA needs more than 1."
+        ),
+    ] = 1,
+    chars_per_token: Annotated[
+        float,
+        typer.Option(
+            help="kv-lookup: characters per token when sizing the questions (default: the "
+            "emulator's pseudo-tokenizer; about 2 for real BPE tokenizers, which cut UUIDs finer)."
+        ),
+    ] = KV_CHARS_PER_TOKEN,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on stdout, nothing else.")
     ] = False,
@@ -115,7 +136,14 @@ def bench_command(
         Path | None, typer.Option(help="Write a report folder (summary.json, requests.csv, plots).")
     ] = None,
 ) -> None:
-    """Load an OpenAI-compatible endpoint with a workload and report TTFT, TPOT and E2E."""
+    """Load an OpenAI-compatible endpoint with a workload and report TTFT, TPOT and E2E.
+
+    With --workload kv-lookup every answer is checked, wrong ones are retried up
+    to --max-attempts, and the report adds time to correct answer (TTCA): mean,
+    p50, p95, success rate after each attempt, censored queries, mean attempts,
+    and the same per (length, language) setting. Every request carries the
+    session id in x-longroute-session.
+    """
     from longroute.bench.options import BenchError, BenchOptions
     from longroute.bench.report import bench_json, print_result, print_warnings, write_bench_report
     from longroute.bench.runner import run_bench
@@ -145,6 +173,8 @@ def bench_command(
             ignore_eos=ignore_eos,
             timeout_s=timeout_s,
             think_time_scale=think_time_scale,
+            max_attempts=max_attempts,
+            chars_per_token=chars_per_token,
         )
         result = run_bench(targets, options)
     except (BenchError, ValueError) as exc:  # RegistryError and TraceError are ValueErrors

@@ -22,6 +22,8 @@ from longroute.bench.prompts import CHARS_PER_TOKEN
 from longroute.bench.sse import SSEParser
 
 ENDPOINT_HEADER = "x-longroute-endpoint"
+#: The model a longroute gateway routed the request to (absent when talking to an engine).
+MODEL_HEADER = "x-longroute-model"
 DONE = "[DONE]"
 _MAX_MESSAGE_CHARS = 300
 
@@ -30,7 +32,9 @@ _MAX_MESSAGE_CHARS = 300
 class Completion:
     """A successful response. Token counts are None when the target sent no usage;
     ``num_output_units`` then stands in for output tokens: the content chunks of
-    a stream, or, without streaming, the text's length in ``CHARS_PER_TOKEN``s."""
+    a stream, or, without streaming, the text's length in ``CHARS_PER_TOKEN``s.
+    ``model`` is the body's ``model``; ``routed_model`` the gateway's
+    ``x-longroute-model`` header (None when the target is not a longroute gateway)."""
 
     text: str
     first_token_s: float
@@ -41,6 +45,12 @@ class Completion:
     num_cached_tokens: int | None
     model: str | None
     endpoint: str | None
+    routed_model: str | None = None
+
+    @property
+    def answering_model(self) -> str | None:
+        """The model that answered: the gateway's header, else the body's ``model``."""
+        return self.routed_model or self.model
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,26 +165,29 @@ class ChatClient:
         data = json.loads(body).get("data") or []
         return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
-    async def chat(self, payload: Mapping[str, object]) -> Completion | RequestFailure:
-        """POST ``payload``; streamed when ``payload["stream"]`` is true."""
+    async def chat(
+        self, payload: Mapping[str, object], headers: Mapping[str, str] | None = None
+    ) -> Completion | RequestFailure:
+        """POST ``payload`` with extra ``headers``; streamed when ``payload["stream"]`` is true."""
+        sent = self._headers if not headers else {**self._headers, **headers}
         try:
             async with self._session.post(
-                self._chat_url, json=payload, headers=self._headers, timeout=self._timeout
+                self._chat_url, json=payload, headers=sent, timeout=self._timeout
             ) as resp:
                 if resp.status != 200:
                     body = await resp.text(errors="replace")
                     return RequestFailure(resp.status, _error_message(body), self._clock())
-                endpoint = resp.headers.get(ENDPOINT_HEADER)
+                routed = (resp.headers.get(ENDPOINT_HEADER), resp.headers.get(MODEL_HEADER))
                 if payload.get("stream"):
-                    return await self._read_stream(resp, endpoint)
-                return await self._read_body(resp, endpoint)
+                    return await self._read_stream(resp, routed)
+                return await self._read_body(resp, routed)
         except TimeoutError:
             return RequestFailure(None, "timed out", self._clock())
         except (aiohttp.ClientError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return RequestFailure(None, f"{type(exc).__name__}: {exc}", self._clock())
 
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, endpoint: str | None
+        self, resp: aiohttp.ClientResponse, routed: tuple[str | None, str | None]
     ) -> Completion | RequestFailure:
         parser = SSEParser()
         state = _StreamState()
@@ -202,7 +215,7 @@ class ChatClient:
             prompt,
             cached,
             state.model,
-            endpoint,
+            *routed,
         )
 
     def _take(self, state: _StreamState, data: str, now_s: float) -> RequestFailure | None:
@@ -218,7 +231,7 @@ class ChatClient:
         return None
 
     async def _read_body(
-        self, resp: aiohttp.ClientResponse, endpoint: str | None
+        self, resp: aiohttp.ClientResponse, routed: tuple[str | None, str | None]
     ) -> Completion | RequestFailure:
         body = await resp.read()
         finish_s = self._clock()
@@ -238,5 +251,5 @@ class ChatClient:
             prompt,
             cached,
             model if isinstance(model, str) else None,
-            endpoint,
+            *routed,
         )

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from longroute.metrics.records import RequestRecord
 from longroute.metrics.summary import Summary
+from longroute.metrics.ttca import TtcaSummary
+from longroute.workloads.kv_prompts import KV_CHARS_PER_TOKEN
 
 
 class BenchError(Exception):
@@ -94,6 +96,12 @@ class BenchOptions:
     ``DEFAULT_NUM_SESSIONS``; for a trace it keeps the first sessions.
     ``max_tokens`` overrides every turn's ``num_output_tokens``;
     ``think_time_scale`` multiplies the workload's think times (0: none).
+
+    With the ``kv-lookup`` workload every prompt is a real KV-lookup question
+    (sized at ``chars_per_token`` characters per token) and every answer is
+    checked; a wrong one is asked again, up to ``max_attempts`` attempts in all
+    (1: no retries), telling the router which models answered wrongly. Other
+    workloads' answers cannot be checked, so they need ``max_attempts`` 1.
     """
 
     concurrency: int | None = None
@@ -112,6 +120,8 @@ class BenchOptions:
     ignore_eos: bool = False
     timeout_s: float = 300.0
     think_time_scale: float = 1.0
+    max_attempts: int = 1
+    chars_per_token: float = KV_CHARS_PER_TOKEN
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.rate_per_s is None):
@@ -119,9 +129,9 @@ class BenchOptions:
                 "give exactly one of concurrency (closed loop) and rate_per_s (open loop), "
                 f"got concurrency={self.concurrency!r}, rate_per_s={self.rate_per_s!r}"
             )
-        for name in ("concurrency", "num_sessions", "num_requests", "max_tokens"):
+        for name in ("concurrency", "num_sessions", "num_requests", "max_tokens", "max_attempts"):
             _check_positive(name, getattr(self, name), is_int=True)
-        for name in ("rate_per_s", "duration_s", "timeout_s"):
+        for name in ("rate_per_s", "duration_s", "timeout_s", "chars_per_token"):
             _check_positive(name, getattr(self, name), is_int=False)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
@@ -157,7 +167,9 @@ class RequestError:
 @dataclass(frozen=True, slots=True)
 class TargetResult:
     """One target's run. ``summary`` has the simulator's keys plus ``num_errors``;
-    ``is_workload_exhausted`` is true when every session ran (no limit stopped it)."""
+    ``is_workload_exhausted`` is true when every session ran (no limit stopped it).
+    ``ttca`` is the time-to-correct-answer summary of its checked answers
+    (KV-lookup workloads), None when answers were not checked."""
 
     target: Target
     model: str
@@ -166,6 +178,7 @@ class TargetResult:
     summary: Summary
     wall_s: float
     is_workload_exhausted: bool
+    ttca: TtcaSummary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,3 +192,8 @@ class BenchResult:
     @property
     def summaries(self) -> dict[str, Summary]:
         return {label: res.summary for label, res in self.targets.items()}
+
+    @property
+    def ttca(self) -> dict[str, TtcaSummary]:
+        """The TTCA summaries of the targets whose answers were checked, by label."""
+        return {label: res.ttca for label, res in self.targets.items() if res.ttca is not None}

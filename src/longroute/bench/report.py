@@ -16,7 +16,9 @@ from rich.table import Table
 
 from longroute.bench.options import BenchResult, RequestError
 from longroute.bench.summary import RATIO_KEYS, compare_ratios
-from longroute.metrics.report import summary_table, write_report
+from longroute.metrics.report import format_percent, format_seconds, summary_table, write_report
+from longroute.metrics.ttca import TtcaSummary
+from longroute.metrics.ttca_report import comparison_json, setting_table
 
 #: Failed requests listed per target in summary.json (all are counted).
 MAX_ERRORS_LISTED = 20
@@ -24,16 +26,31 @@ MAX_ERRORS_LISTED = 20
 
 def bench_payload(result: BenchResult) -> dict[str, object]:
     """``{"targets": {label: summary}, "workload", "seed", "urls"}`` and, for two
-    targets, ``"ratios"`` (second / first)."""
+    targets, ``"ratios"`` (second / first).
+
+    When answers were checked (kv-lookup), as in ``simulate --json``: each
+    target's object gains ``"ttca"`` (``TtcaSummary.to_dict()``), and when a
+    label starts with "laar", a top-level ``"ttca_comparison"`` sets that
+    target's TTCA against the others' (overall and per setting).
+    """
     summaries = result.summaries
+    targets: dict[str, dict[str, object]] = {
+        label: dict(summary) for label, summary in summaries.items()
+    }
     payload: dict[str, object] = {
-        "targets": {label: dict(summary) for label, summary in summaries.items()},
+        "targets": targets,
         "workload": result.workload,
         "seed": result.seed,
         "urls": {label: res.target.url for label, res in result.targets.items()},
     }
     if len(summaries) == 2:
         payload["ratios"] = compare_ratios(summaries)
+    ttca = result.ttca
+    for label, summary in ttca.items():
+        targets[label]["ttca"] = summary.to_dict()
+    comparison = comparison_json(ttca) if ttca else None
+    if comparison is not None:
+        payload["ttca_comparison"] = comparison
     return payload
 
 
@@ -82,8 +99,34 @@ def print_warnings(console: Console, result: BenchResult, *, duration_s: float |
             )
 
 
+def ttca_table(ttca: dict[str, TtcaSummary]) -> Table:
+    """Time to correct answer per target: TTCA mean/p50/p95, success after the first and
+    the last attempt, censored queries (no right answer within R), mean attempts."""
+    table = Table(title="time to correct answer (censored queries count at their censored TTCA)")
+    table.add_column("target", style="bold")
+    for header in ("queries", "TTCA mean", "TTCA p50", "TTCA p95", "success@1", "success@R"):
+        table.add_column(header, justify="right")
+    for header in ("censored", "mean attempts", "R"):
+        table.add_column(header, justify="right")
+    for label, s in ttca.items():
+        table.add_row(
+            escape(label),
+            str(s.num_queries),
+            format_seconds(s.mean_s),
+            format_seconds(s.p50_s),
+            format_seconds(s.p95_s),
+            format_percent(s.success_by_attempt[0]),
+            format_percent(s.final_success),
+            str(s.num_censored),
+            f"{s.mean_attempts:.2f}",
+            str(s.max_attempts),
+        )
+    return table
+
+
 def print_result(console: Console, result: BenchResult) -> None:
-    """The summary table (targets as rows) and, for two targets, the ratio table."""
+    """The summary table (targets as rows), for two targets the ratio table, and the TTCA
+    tables (overall, then per length and language) when answers were checked."""
     first = next(iter(result.targets.values()), None)
     num_requests = sum(len(r.records) + len(r.errors) for r in result.targets.values())
     model = f", model {first.model}" if first is not None else ""
@@ -91,6 +134,10 @@ def print_result(console: Console, result: BenchResult) -> None:
     console.print(summary_table(result.summaries, title=escape(title), row_header="target"))
     if len(result.targets) == 2:
         console.print(ratio_table(result))
+    ttca = result.ttca
+    if ttca:
+        console.print(ttca_table(ttca))
+        console.print(setting_table(ttca, title="mean TTCA and final success per setting"))
 
 
 def _error_dict(error: RequestError) -> dict[str, object]:
@@ -108,7 +155,10 @@ def write_bench_report(out_dir: Path, result: BenchResult) -> list[Path]:
 
     summary.json keeps that module's layout (summaries under "routers", keyed by
     target label) and adds "urls", "models", "errors" (the first
-    ``MAX_ERRORS_LISTED`` per target) and, for two targets, "ratios".
+    ``MAX_ERRORS_LISTED`` per target) and, for two targets, "ratios". When
+    answers were checked, the TTCA parts of ``write_report`` follow: a "ttca"
+    object per target, "ttca_comparison", ttca_by_setting.csv, ttca_success.png
+    and (with a "laar*" target and another) ttca_improvement.png.
     """
     extra: dict[str, object] = {
         "urls": {label: res.target.url for label, res in result.targets.items()},
@@ -127,4 +177,5 @@ def write_bench_report(out_dir: Path, result: BenchResult) -> list[Path]:
         summaries=result.summaries,
         records_by_router={label: res.records for label, res in result.targets.items()},
         extra=extra,
+        ttca=result.ttca,
     )
