@@ -1,4 +1,4 @@
-"""LAAR through the real gateway: five emulated models, three routers, time to correct answer.
+"""LAAR through the real gateway: five emulated models, four routers, time to correct answer.
 
 The seed paper's evaluation (§6), on loopback, in one go:
 
@@ -10,7 +10,8 @@ The seed paper's evaluation (§6), on loopback, in one go:
 2. Offline measurement: the *fit* split's questions are sent once to every
    emulator directly (``max_attempts`` 1); the verdicts become an outcomes
    JSONL, and ``longroute fit capability`` (the CLI) fits Q(m, x) from it.
-3. For each router (laar with that capability, least-load, session-affinity):
+3. For each router (laar with that capability; load-aware, llm-d's scorer and the
+   paper's baseline; session-affinity; least-load, longroute's token balancer):
    a fresh set of emulators (cold prefix caches) behind ``longroute serve``,
    and ``longroute bench --workload kv-lookup`` (the CLI) on the *eval*
    split through it: 8 closed-loop users, up to R = 10 attempts per
