@@ -26,10 +26,6 @@ from typer.testing import CliRunner
 
 from longroute.bench import BenchOptions, BenchResult, run_bench
 from longroute.bench.kv import (
-    ATTEMPT_HEADER,
-    SESSION_HEADER,
-    TASK_HEADER,
-    TRIED_HEADER,
     KvQuery,
     attempt_headers,
     kv_queries,
@@ -38,6 +34,7 @@ from longroute.bench.kv import (
 from longroute.bench.runner import load_workload
 from longroute.cli import app
 from longroute.features.length import bucket_label
+from longroute.headers import ATTEMPT_HEADER, SESSION_HEADER, TASK_HEADER, TRIED_HEADER
 from longroute.launcher import Launcher, emulator_spec
 from longroute.metrics.records import RequestRecord
 from longroute.metrics.ttca import group_queries

@@ -11,8 +11,9 @@ import pytest
 from longroute.clock import SimClock
 from longroute.config import ConfigError
 from longroute.gateway.config import parse_gateway_config
-from longroute.gateway.intake import TASK_HEADER, RequestBuilder
+from longroute.gateway.intake import RequestBuilder
 from longroute.gateway.parse import ROUTE_CHAT, ROUTE_COMPLETIONS, parse_body
+from longroute.headers import TASK_HEADER
 from longroute.types import Language, Request
 from longroute.workloads.kv_prompts import KV_LANGUAGES, KV_TASK, build_kv_prompt
 from test_gateway import MODEL, FakeBackend, async_test, running_fleet

@@ -20,10 +20,8 @@ import aiohttp
 
 from longroute.bench.prompts import CHARS_PER_TOKEN
 from longroute.bench.sse import SSEParser
+from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER
 
-ENDPOINT_HEADER = "x-longroute-endpoint"
-#: The model a longroute gateway routed the request to (absent when talking to an engine).
-MODEL_HEADER = "x-longroute-model"
 DONE = "[DONE]"
 _MAX_MESSAGE_CHARS = 300
 

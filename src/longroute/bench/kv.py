@@ -1,9 +1,9 @@
 """KV-lookup questions in ``longroute bench``: which query a session is, its prompt, its headers.
 
-The ``kv-lookup`` workload names each single-turn session
-``f"kv{index:03d}-{bucket_label(length)}-{language}"`` (e.g. ``kv007-16K-japanese``);
-:func:`parse_kv_session_id` reads the query index, the target length and the
-language back, so the load generator can render the real prompt
+The ``kv-lookup`` workload names each single-turn session after its query
+(:func:`longroute.workloads.kv_lookup.kv_session_id`, e.g. ``kv007-16K-japanese``);
+:func:`~longroute.workloads.kv_lookup.parse_kv_session_id` reads the query
+index, the target length and the language back, so the load generator can render the real prompt
 (:func:`longroute.workloads.kv_prompts.build_kv_prompt`) and know the expected
 answer. Called once per query, when its session starts; pure and O(len(id)).
 
@@ -17,59 +17,21 @@ the models that already answered it wrongly (the gateway reads
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from longroute.features.length import bucket_label
-from longroute.types import Language
+from longroute.headers import ATTEMPT_HEADER, SESSION_HEADER, TASK_HEADER, TRIED_HEADER
+from longroute.workloads.kv_lookup import KvQuery, parse_kv_session_id
 from longroute.workloads.kv_prompts import KV_TASK, KvPrompt, build_kv_prompt
 from longroute.workloads.types import Workload
 
-SESSION_HEADER = "x-longroute-session"
-TRIED_HEADER = "x-longroute-tried"
-ATTEMPT_HEADER = "x-longroute-attempt"
-TASK_HEADER = "x-longroute-task"
-_SESSION_ID_RE = re.compile(r"kv(?P<index>\d{3,})-(?P<length>\d+)(?P<k>K?)-(?P<language>[a-z]+)")
-_FORMAT = "kv<index, 3+ digits>-<length: 4K, 16K or tokens>-<language>"
-TOKENS_PER_K = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class KvQuery:
-    """One KV-lookup question: query index, target prompt length, prompt language."""
-
-    query_index: int
-    target_tokens: int
-    language: Language
-
-    @property
-    def setting(self) -> str:
-        """The (length, language) setting, e.g. ``"16K/japanese"``."""
-        return f"{bucket_label(self.target_tokens)}/{self.language.value}"
-
-
-def parse_kv_session_id(session_id: str) -> KvQuery:
-    """``"kv007-16K-japanese"`` -> ``KvQuery(7, 16384, Language.JAPANESE)``.
-
-    The inverse of the workload's naming: ``bucket_label`` of the parsed length
-    gives the label back. Raises ``ValueError`` naming the id and the expected
-    format, or the unknown language and the valid ones.
-    """
-    match = _SESSION_ID_RE.fullmatch(session_id)
-    if match is None:
-        raise ValueError(f"{session_id!r} is not a kv-lookup session id ({_FORMAT})")
-    length = int(match["length"]) * (TOKENS_PER_K if match["k"] else 1)
-    if length < 1:
-        raise ValueError(f"{session_id!r}: the target length must be >= 1 token")
-    try:
-        language = Language(match["language"])
-    except ValueError:
-        valid = ", ".join(lang.value for lang in Language)
-        raise ValueError(
-            f"{session_id!r}: unknown language {match['language']!r}; valid: {valid}"
-        ) from None
-    return KvQuery(int(match["index"]), length, language)
+__all__ = [
+    "KvQuery",
+    "attempt_headers",
+    "is_kv_workload",
+    "kv_prompt",
+    "kv_queries",
+    "parse_kv_session_id",
+]
 
 
 def is_kv_workload(workload: Workload) -> bool:

@@ -18,10 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from longroute.bench.client import ChatClient, Completion, RequestFailure
-from longroute.bench.kv import SESSION_HEADER, KvQuery, attempt_headers, kv_prompt
+from longroute.bench.kv import KvQuery, attempt_headers, kv_prompt
 from longroute.bench.options import BenchOptions, RequestError, Target, TargetResult
 from longroute.bench.prompts import user_message
 from longroute.bench.summary import bench_summary
+from longroute.headers import SESSION_HEADER
 from longroute.metrics.records import RequestRecord
 from longroute.metrics.summary import summarize_ttca
 from longroute.sim.clients import ClientSpec, open_loop_starts

@@ -36,10 +36,10 @@ import yaml
 from longroute.emulator.options import EmulatorOptions
 from longroute.emulator.protocol import ApiError
 from longroute.features.language import detect_language
+from longroute.headers import ATTEMPT_HEADER
 from longroute.sim.correctness import AccuracyTable, CorrectnessOracle, load_accuracy_table
 from longroute.workloads.kv_prompts import KV_TASK, find_kv_question
 
-ATTEMPT_HEADER = "x-longroute-attempt"
 MAX_REMEMBERED_PROMPTS = 100_000
 
 

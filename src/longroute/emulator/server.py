@@ -24,13 +24,14 @@ from typing import Any
 
 from aiohttp import web
 
-from longroute.emulator.correctness import ATTEMPT_HEADER, KvVerdict, build_judge
+from longroute.emulator.correctness import KvVerdict, build_judge
 from longroute.emulator.engine_driver import EngineDriver, TokenStream
 from longroute.emulator.faults import FaultInjector, FaultPlan
 from longroute.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
 from longroute.emulator.options import EmulatorOptions, build_endpoint, build_predictor
 from longroute.emulator.protocol import ApiError, ApiKind, ParsedRequest, parse_request
 from longroute.emulator.responses import ReplyRenderer, usage
+from longroute.headers import ATTEMPT_HEADER
 from longroute.types import Request
 
 MAX_BODY_BYTES = 32 * 1024 * 1024

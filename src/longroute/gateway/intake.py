@@ -26,11 +26,8 @@ from longroute.gateway.config import GatewayConfig
 from longroute.gateway.errors import GatewayError
 from longroute.gateway.parse import ParsedBody
 from longroute.gateway.prompt import text_features, token_features
+from longroute.headers import SESSION_HEADER, TASK_HEADER, TRIED_HEADER
 from longroute.types import Request
-
-SESSION_HEADER = "x-longroute-session"
-TRIED_HEADER = "x-longroute-tried"
-TASK_HEADER = "x-longroute-task"
 
 
 class Job:

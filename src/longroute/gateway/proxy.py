@@ -37,6 +37,7 @@ from longroute.gateway.errors import (
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
+from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER
 from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request
 
@@ -304,8 +305,8 @@ class Proxy:
 def _response_headers(response: aiohttp.ClientResponse, backend: Backend) -> dict[str, str]:
     return {
         "Content-Type": response.headers.get("Content-Type", "application/json"),
-        "x-longroute-endpoint": backend.name,
-        "x-longroute-model": backend.model,
+        ENDPOINT_HEADER: backend.name,
+        MODEL_HEADER: backend.model,
     }
 
 

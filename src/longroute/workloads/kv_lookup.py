@@ -13,7 +13,9 @@ for ``seed`` (one ``numpy.random.default_rng(seed)``, drawn in a fixed order).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -31,6 +33,54 @@ SPLITS: tuple[str, ...] = ("all", "fit", "eval")
 ORDERS: tuple[str, ...] = ("grouped", "shuffled")
 DEFAULT_LENGTHS_TOKENS = (4096, 8192, 16384, 32768, 65536)
 DEFAULT_LANGUAGES = ("latin", "japanese", "cjk")
+_SESSION_ID_RE = re.compile(r"kv(?P<index>\d{3,})-(?P<length>\d+)(?P<k>K?)-(?P<language>[a-z]+)")
+_FORMAT = "kv<index, 3+ digits>-<length: 4K, 16K or tokens>-<language>"
+TOKENS_PER_K = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class KvQuery:
+    """One KV-lookup question: query index, target prompt length, prompt language."""
+
+    query_index: int
+    target_tokens: int
+    language: Language
+
+    @property
+    def setting(self) -> str:
+        """The (length, language) setting, e.g. ``"16K/japanese"``."""
+        return f"{bucket_label(self.target_tokens)}/{self.language.value}"
+
+
+def kv_session_id(query_index: int, target_tokens: int, language: Language) -> str:
+    """The session id of a question: ``(7, 16384, JAPANESE)`` -> ``"kv007-16K-japanese"``.
+
+    :func:`parse_kv_session_id` reads it back; the load generator relies on it.
+    """
+    return f"kv{query_index:03d}-{bucket_label(target_tokens)}-{language.value}"
+
+
+def parse_kv_session_id(session_id: str) -> KvQuery:
+    """``"kv007-16K-japanese"`` -> ``KvQuery(7, 16384, Language.JAPANESE)``.
+
+    The inverse of the workload's naming: ``bucket_label`` of the parsed length
+    gives the label back. Raises ``ValueError`` naming the id and the expected
+    format, or the unknown language and the valid ones.
+    """
+    match = _SESSION_ID_RE.fullmatch(session_id)
+    if match is None:
+        raise ValueError(f"{session_id!r} is not a kv-lookup session id ({_FORMAT})")
+    length = int(match["length"]) * (TOKENS_PER_K if match["k"] else 1)
+    if length < 1:
+        raise ValueError(f"{session_id!r}: the target length must be >= 1 token")
+    try:
+        language = Language(match["language"])
+    except ValueError:
+        valid = ", ".join(lang.value for lang in Language)
+        raise ValueError(
+            f"{session_id!r}: unknown language {match['language']!r}; valid: {valid}"
+        ) from None
+    return KvQuery(int(match["index"]), length, language)
 
 
 def kv_prompt_tokens(target_tokens: int) -> int:
@@ -119,8 +169,7 @@ def kv_lookup(
         for index, source_id in zip(indices, ids[first : first + len(indices)], strict=True):
             blocks = prompt_blocks(block, [(source_id, num_tokens)])
             turn = Turn(num_tokens, num_output, blocks.block_hashes(), language=lang, task=KV_TASK)
-            session_id = f"kv{index:03d}-{bucket_label(length)}-{lang.value}"
-            sessions.append(Session(session_id, (turn,)))
+            sessions.append(Session(kv_session_id(index, length, lang), (turn,)))
     if order == "shuffled":
         permutation = rng.permutation(len(sessions)).tolist()
         sessions = [sessions[i] for i in permutation]
