@@ -316,7 +316,13 @@ def test_knob_error_shows_the_bad_value() -> None:
 
 
 def test_registry_builds_the_generators_and_rejects_unknown_knobs() -> None:
-    assert WORKLOADS.names() == ["kv-lookup", "long-sessions", "mixed-long-short", "short-chat"]
+    assert WORKLOADS.names() == [
+        "art-chat",
+        "kv-lookup",
+        "long-sessions",
+        "mixed-long-short",
+        "short-chat",
+    ]
     built = WORKLOADS.build("short-chat", {"num_sessions": 5, "seed": 1})
     assert built == short_chat(num_sessions=5, seed=1)
     assert WORKLOADS.build("long-sessions", num_sessions=3, seed=2).name == "long-sessions"

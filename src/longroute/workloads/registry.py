@@ -7,6 +7,7 @@ rejects unknown generator names and unknown knobs, listing the valid ones.
 from __future__ import annotations
 
 from longroute.registry import Registry
+from longroute.workloads.art_chat import art_chat
 from longroute.workloads.generators import long_sessions, mixed_long_short, short_chat
 from longroute.workloads.kv_lookup import kv_lookup
 from longroute.workloads.types import Workload
@@ -16,3 +17,4 @@ WORKLOADS.register("short-chat")(short_chat)
 WORKLOADS.register("long-sessions")(long_sessions)
 WORKLOADS.register("mixed-long-short")(mixed_long_short)
 WORKLOADS.register("kv-lookup")(kv_lookup)
+WORKLOADS.register("art-chat")(art_chat)
