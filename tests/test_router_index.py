@@ -146,3 +146,35 @@ def test_errors_name_the_bad_value() -> None:
         index.insert([1], "zz", 0.0)
     with pytest.raises(KeyError, match="zz"):
         index.num_blocks("zz")
+
+
+def _match_by_walking(index: RouterPrefixIndex, prompt: list[int]) -> dict[str, int]:
+    """The reference: walk every block and count each endpoint's leading run."""
+    out: dict[str, int] = {}
+    for name in index.endpoint_names:
+        depth = 0
+        for block in prompt:
+            if name not in index._holders.get(block, {}):
+                break
+            depth += 1
+        if depth:
+            out[name] = depth
+    return out
+
+
+def test_bisecting_match_equals_a_walk_of_every_block() -> None:
+    rng = random.Random(11)
+    names = [f"e{i}" for i in range(6)]
+    index = RouterPrefixIndex(names, capacity_blocks_per_endpoint=60)
+    for step in range(3000):
+        doc = rng.randrange(10)
+        prompt = [doc * 1000 + i for i in range(rng.randrange(1, 80))]
+        index.insert(prompt, rng.choice(names), float(step))
+        if step % 7 == 0:
+            # a held prefix, then blocks nobody holds
+            probe = [doc * 1000 + i for i in range(rng.randrange(1, 90))] + [-1, -2]
+            assert index.match(probe) == _match_by_walking(index, probe)
+    for doc in range(10):
+        for length in (1, 2, 17, 59, 60, 61, 79, 100):
+            probe = [doc * 1000 + i for i in range(length)]
+            assert index.match(probe) == _match_by_walking(index, probe)
