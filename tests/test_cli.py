@@ -26,6 +26,7 @@ ALL_ROUTERS = (
     "load-aware",
     "session-affinity",
     "prefix-cache",
+    "gorgo",
 )
 REQUIRED_METRICS = (
     "ttft_p95_s",

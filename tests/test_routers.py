@@ -24,6 +24,7 @@ BUILTIN = [
     "session-affinity",
     "laar",
     "load-aware",
+    "gorgo",
 ]
 # routers that cannot work without parameters, and what the contract tests give them
 REQUIRED_PARAMS: dict[str, dict[str, object]] = {

@@ -17,6 +17,7 @@ from longroute.registry import RegistryError
 
 if TYPE_CHECKING:
     from longroute.sim.simulator import SimResult
+    from longroute.tuning import FrozenWeights
 
 TABLE_WIDTH = 180
 _TTCA_TABLE_TITLE = (
@@ -93,6 +94,12 @@ def simulate(
         bool, typer.Option("--json", help="Print one JSON object on stdout, nothing else.")
     ] = False,
     no_report: Annotated[bool, typer.Option(help="Do not write the report folder.")] = False,
+    weights: Annotated[
+        Path | None,
+        typer.Option(
+            help="Frozen weights from `longroute tune -o` for the router they were tuned for."
+        ),
+    ] = None,
     list_all: Annotated[
         bool, typer.Option("--list", help="List scenarios, routers and profiles.")
     ] = False,
@@ -118,6 +125,23 @@ def simulate(
     try:
         config = load_scenario(scenario)
         names = resolve_routers(config, router_names)
+        frozen = _load_frozen(weights)
+    except (ConfigError, RegistryError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if config.windows and trace is None:
+        from longroute.tune_cli import simulate_windows
+
+        folder = None if no_report else (out or Path("reports") / config.name)
+        simulate_windows(
+            config, routers=names, seed=seed, frozen=frozen, out=folder, json_output=json_output
+        )
+        return
+    try:
+        prepare = None
+        if frozen is not None:
+            from longroute.tune_cli import frozen_preparer
+
+            prepare = frozen_preparer(frozen, names)
         progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -135,6 +159,7 @@ def simulate(
                 routers=names,
                 trace=trace,
                 on_router_done=lambda _name: progress.advance(task),
+                prepare_router=prepare,
             )
     except (ConfigError, RegistryError, TraceError, ValueError, LookupError) as exc:
         raise _fail(str(exc)) from None
@@ -172,6 +197,14 @@ def simulate(
         console.print(f"report: {folder} ({len(paths)} files)")
 
 
+def _load_frozen(path: Path | None) -> FrozenWeights | None:
+    if path is None:
+        return None
+    from longroute.tuning import load_weights
+
+    return load_weights(path)
+
+
 def _register_commands() -> None:
     """Verbs whose code lives in their own packages (imported lazily inside them)."""
     from longroute.bench.cli import bench_command
@@ -179,11 +212,13 @@ def _register_commands() -> None:
     from longroute.emulator.cli import emulate_command
     from longroute.fit_cli import fit_app
     from longroute.gateway.cli import serve_command
+    from longroute.tune_cli import tune_command
 
     app.command("serve")(serve_command)
     app.command("emulate")(emulate_command)
     app.command("bench")(bench_command)
     app.command("demo")(demo_command)
+    app.command("tune")(tune_command)
     app.add_typer(fit_app, name="fit")
 
 

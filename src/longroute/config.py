@@ -95,6 +95,9 @@ class ClientConfig(_Model):
     num_users: int | None = Field(None, ge=1, description="Closed-loop concurrent users.")
     think_time_s: float = Field(0.0, ge=0, description="Closed-loop pause between sessions.")
     time_scale: float = Field(1.0, gt=0, description="Multiplies trace timestamps.")
+    duration_s: float | None = Field(
+        None, gt=0, description="No session starts after this; started ones finish."
+    )
 
 
 class SLOConfig(_Model):
@@ -146,6 +149,40 @@ class CapabilityConfig(_Model):
         return self
 
 
+class WindowConfig(_Model):
+    name: str = Field(description="Window name, shown in reports (e.g. full, half, third).")
+    load_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Multiplies the clients' rate_per_s (open loop) or num_users (closed loop).",
+    )
+    duration_s: float | None = Field(
+        None, gt=0, description="No session starts after this; started ones finish (drain)."
+    )
+
+
+class TuningConfig(_Model):
+    router: str = Field("gorgo", description="Router whose weights are tuned.")
+    window: str = Field(description="Name of the window to tune on (the others are held out).")
+    objective: str = Field("mix", description="ttft-p95, e2e-p95 or mix (0.5 each).")
+    window_requests: int = Field(64, ge=4, description="Requests judging each candidate.")
+    sigma0: float = Field(0.5, gt=0, description="Initial ES step size (log space).")
+    reevaluate_every: int | None = Field(
+        4,
+        ge=1,
+        description="Re-measure the incumbent after this many proposals and keep the mean "
+        "of its measurements (None = never; a lucky window then sticks).",
+    )
+    initial: dict[str, float] | None = Field(
+        None, description="Starting weights (None = the router's own defaults)."
+    )
+    bounds: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="Per weight [low, high] (linear, > 0): e.g. a floor on queue_weight "
+        "and a cap on rtt_weight.",
+    )
+
+
 class ScenarioConfig(_Model):
     name: str = Field(description="Scenario name, shown in reports.")
     description: str = Field("", description="One paragraph on what it models.")
@@ -178,6 +215,14 @@ class ScenarioConfig(_Model):
         description="Capability model Q(m,x) for routers that need one (laar); "
         "None = such routers cannot run in this scenario.",
     )
+    windows: list[WindowConfig] | None = Field(
+        None,
+        description="Evaluation windows (each its own workload draw and load); "
+        "None = one run of the workload as given.",
+    )
+    tuning: TuningConfig | None = Field(
+        None, description="How `longroute tune` tunes a router's weights on this scenario."
+    )
 
     @model_validator(mode="after")
     def _regions_known(self) -> ScenarioConfig:
@@ -187,6 +232,20 @@ class ScenarioConfig(_Model):
                     f"fleet {group.name!r}: region {group.region!r} has no RTT; "
                     f"regions: {sorted(self.network.rtt_ms)}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _windows_named(self) -> ScenarioConfig:
+        names = [w.name for w in self.windows or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"window names must be unique, got {names}")
+        if self.tuning is not None and self.tuning.window not in names:
+            raise ValueError(
+                f"tuning.window {self.tuning.window!r} is not a window; windows: {names}"
+            )
+        for name, (low, high) in (self.tuning.bounds if self.tuning else {}).items():
+            if not 0 < low < high:
+                raise ValueError(f"tuning.bounds.{name}: need 0 < low < high, got [{low}, {high}]")
         return self
 
     @model_validator(mode="after")

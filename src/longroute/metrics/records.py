@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from longroute.types import SLO
+from longroute.types import SLO, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +67,16 @@ class RequestRecord:
         if self.slo.tpot_s is not None and tpot is not None:
             ok = ok and tpot <= self.slo.tpot_s
         return ok
+
+
+class RunObserver(Protocol):
+    """Watches a run's requests (e.g. the online weight tuner).
+
+    ``on_dispatch`` is called right after the router's ``on_dispatch`` for
+    every attempt sent; ``on_record`` once per finished attempt, with its
+    record. Both must be cheap: they run on the simulator's hot path.
+    """
+
+    def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None: ...
+
+    def on_record(self, record: RequestRecord) -> None: ...

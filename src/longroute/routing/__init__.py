@@ -19,6 +19,7 @@ BUILTIN_ROUTER_MODULES = (
     "longroute.routing.session_affinity",
     "longroute.routing.prefix_cache",
     "longroute.routing.laar",
+    "longroute.routing.gorgo",
 )
 
 

@@ -33,6 +33,7 @@ class ClientSpec:
     num_users: int | None = None
     think_time_s: float = 0.0
     time_scale: float = 1.0
+    duration_s: float | None = None  # no session starts at or after this (started ones finish)
 
     def __post_init__(self) -> None:
         if self.kind not in ("open", "closed"):
@@ -46,6 +47,12 @@ class ClientSpec:
         # written so that NaN fails every comparison and is rejected
         if not (self.cv > 0 and self.time_scale > 0 and self.think_time_s >= 0):
             raise ValueError("need cv > 0, time_scale > 0 and think_time_s >= 0")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration_s must be > 0, got {self.duration_s}")
+
+    def is_open_at(self, t_s: float) -> bool:
+        """True if a session may start at ``t_s`` (before ``duration_s``)."""
+        return self.duration_s is None or t_s < self.duration_s
 
 
 def open_loop_starts(
@@ -60,13 +67,15 @@ def open_loop_starts(
             )
         starts = [((s.start_s or 0.0) * spec.time_scale, s) for s in sessions]
         starts.sort(key=lambda item: item[0])  # stable: ties keep file order
-        return starts
+        return [item for item in starts if spec.is_open_at(item[0])]
     assert spec.rate_per_s is not None
     rate = spec.rate_per_s
     t = 0.0
     out: list[tuple[float, Session]] = []
     shape = 1.0 / (spec.cv * spec.cv)
     for s in sessions:
+        if not spec.is_open_at(t):
+            break
         out.append((t, s))
         if spec.arrival == "poisson":
             t += rng.expovariate(rate)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -23,9 +23,10 @@ from longroute.config import ConfigError, ScenarioConfig, load_scenario_file, pa
 from longroute.estimators.capability import CapabilityModel
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
+from longroute.metrics.records import RunObserver
 from longroute.metrics.summary import summarize_ttca
 from longroute.metrics.ttca import TtcaSummary
-from longroute.routing import ROUTERS
+from longroute.routing import ROUTERS, Router
 from longroute.sim.clients import ClientSpec, CorrectnessSpec, query_languages
 from longroute.sim.laar_fit import build_capability, build_oracle, check_table_covers
 from longroute.sim.network import Network
@@ -36,6 +37,9 @@ from longroute.workloads.traces import load_trace
 from longroute.workloads.types import Workload
 
 DEFAULT_SCENARIO = "default"
+
+# called on each router right after it is built; returns the observers of its run
+PrepareRouter = Callable[[str, Router], Sequence[RunObserver]]
 
 
 def builtin_scenario_names() -> list[str]:
@@ -192,8 +196,14 @@ def run_scenario(
     routers: list[str] | None = None,
     trace: Path | None = None,
     on_router_done: Callable[[str], None] | None = None,
+    prepare_router: PrepareRouter | None = None,
 ) -> ScenarioRun:
-    """Simulate the scenario once per router, all on the same workload and seed."""
+    """Simulate the scenario once per router, all on the same workload and seed.
+
+    ``prepare_router(name, router)``, if given, is called on each router right
+    after it is built (e.g. to set frozen weights); the observers it returns
+    watch that router's run (e.g. the online tuner).
+    """
     seed = config.seed if seed is None else seed
     names = resolve_routers(config, routers)
     endpoints = build_endpoints(config)
@@ -224,6 +234,7 @@ def run_scenario(
         router = ROUTERS.build(
             name, config.router_params.get(name), rng=random.Random(seed ^ salt), **extra
         )
+        observers = prepare_router(name, router) if prepare_router is not None else ()
         sim = Simulation(
             endpoints,
             predictors,
@@ -236,6 +247,7 @@ def run_scenario(
             default_slo=slo,
             router_name=name,
             correctness=correctness,
+            observers=observers,
         )
         results[name] = sim.run()
         if on_router_done is not None:
@@ -248,7 +260,14 @@ def _client_spec(config: ScenarioConfig, trace: Path | None) -> ClientSpec:
     c = config.clients
     arrival = "trace" if trace is not None else c.arrival
     return ClientSpec(
-        c.kind, arrival, c.rate_per_s, c.cv, c.num_users, c.think_time_s, c.time_scale
+        c.kind,
+        arrival,
+        c.rate_per_s,
+        c.cv,
+        c.num_users,
+        c.think_time_s,
+        c.time_scale,
+        c.duration_s,
     )
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from longroute.estimators.rtt import RttEwma
 from longroute.estimators.runtime import RuntimePredictor
-from longroute.metrics.records import RequestRecord
+from longroute.metrics.records import RequestRecord, RunObserver
 from longroute.queueing.base import QUEUE_POLICIES
 from longroute.routing.base import Router
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView, NoCandidateError
@@ -116,6 +116,7 @@ class Simulation:
         default_slo: SLO | None = None,
         router_name: str | None = None,
         correctness: CorrectnessSpec | None = None,
+        observers: Sequence[RunObserver] = (),
     ) -> None:
         self.options = options or EngineOptions()
         self.loop = EventLoop()
@@ -125,6 +126,7 @@ class Simulation:
         self.clients = clients
         self.default_slo = default_slo
         self.correctness = correctness
+        self.observers = tuple(observers)
         self.router_name: str = router_name or str(getattr(router, "name", type(router).__name__))
         self._rng = random.Random(seed)
         base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
@@ -196,7 +198,7 @@ class Simulation:
         self._issue((session, 0, None), None)
 
     def _start_next_session(self, user: int, t_s: float) -> None:
-        if self._next_session >= len(self._pending_sessions):
+        if self._next_session >= len(self._pending_sessions) or not self.clients.is_open_at(t_s):
             return
         session = self._pending_sessions[self._next_session]
         self._next_session += 1
@@ -255,6 +257,8 @@ class Simulation:
         name = decision.endpoint
         self.fleet.record_dispatch(request, name, now_s)
         self.router.on_dispatch(request, name, now_s)
+        for observer in self.observers:
+            observer.on_dispatch(request, name, now_s)
         endpoint = self.fleet.endpoint(name)
         rtt_s = self.network.sample_rtt_s(endpoint.region)
         flight = _Flight(request, session, turn_index, name, rtt_s, user)
@@ -295,28 +299,29 @@ class Simulation:
             query_id, is_correct = check_answer(
                 spec.oracle, flight.session, flight.turn_index, endpoint.model, request.attempt
             )
-        self._records.append(
-            RequestRecord(
-                request_id=request.request_id,
-                session_id=request.session_id,
-                router=self.router_name,
-                endpoint=name,
-                model=endpoint.model,
-                region=endpoint.region,
-                arrival_s=request.arrival_s,
-                dispatch_s=flight.dispatch_s,
-                first_token_s=flight.first_token_s,
-                finish_s=now_s,
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_cached_tokens=seq.num_cached_tokens or 0,
-                num_output_tokens=request.num_output_tokens,
-                attempt=request.attempt,
-                num_preemptions=seq.num_preemptions,
-                slo=request.slo,
-                query_id=query_id,
-                is_correct=is_correct,
-            )
+        record = RequestRecord(
+            request_id=request.request_id,
+            session_id=request.session_id,
+            router=self.router_name,
+            endpoint=name,
+            model=endpoint.model,
+            region=endpoint.region,
+            arrival_s=request.arrival_s,
+            dispatch_s=flight.dispatch_s,
+            first_token_s=flight.first_token_s,
+            finish_s=now_s,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0,
+            num_output_tokens=request.num_output_tokens,
+            attempt=request.attempt,
+            num_preemptions=seq.num_preemptions,
+            slo=request.slo,
+            query_id=query_id,
+            is_correct=is_correct,
         )
+        self._records.append(record)
+        for observer in self.observers:
+            observer.on_record(record)
         if is_correct is False and spec is not None and request.attempt < spec.max_attempts:
             self._retry(flight, endpoint.model, now_s)
         else:

@@ -1,0 +1,202 @@
+"""`longroute tune`, and the windowed half of `longroute simulate` (frozen weights, Table 1).
+
+Tune on a scenario's tuning window, freeze, write the weights::
+
+    longroute tune --scenario gorgo --router gorgo -o weights.yaml
+
+then evaluate them frozen on every window (the others held out)::
+
+    longroute simulate --scenario gorgo --weights weights.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+
+from longroute.config import ConfigError
+from longroute.registry import RegistryError
+
+if TYPE_CHECKING:
+    from longroute.config import ScenarioConfig
+    from longroute.metrics.records import RunObserver
+    from longroute.routing import Router
+    from longroute.sim.scenario import PrepareRouter
+    from longroute.tuning import FrozenWeights
+
+TABLE_WIDTH = 180
+_ERRORS = (ConfigError, RegistryError, ValueError, LookupError, TypeError)
+
+
+def _fail(message: str) -> typer.Exit:
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]error:[/] {escape(message)}", highlight=False
+    )
+    return typer.Exit(code=2)
+
+
+def _console(json_output: bool) -> Console:
+    console = Console(stderr=json_output)
+    if not console.is_terminal:
+        console = Console(stderr=json_output, width=TABLE_WIDTH)
+    return console
+
+
+def tune_command(
+    output: Annotated[Path, typer.Option("-o", "--output", help="Frozen-weights YAML to write.")],
+    scenario: Annotated[str, typer.Option(help="Built-in scenario name or YAML file.")] = "gorgo",
+    router: Annotated[
+        str | None, typer.Option(help="Router to tune (default: the scenario's tuning.router).")
+    ] = None,
+    window: Annotated[
+        str | None, typer.Option(help="Window to tune on (default: tuning.window).")
+    ] = None,
+    objective: Annotated[
+        str | None, typer.Option(help="ttft-p95, e2e-p95 or mix (default: tuning.objective).")
+    ] = None,
+    window_requests: Annotated[
+        int | None, typer.Option(help="Requests judging each candidate (default 64).")
+    ] = None,
+    unbounded: Annotated[
+        bool,
+        typer.Option(help="Ignore the scenario's weight bounds (the reward-hacking ablation)."),
+    ] = False,
+    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write trajectory.csv and tuner.png here.")
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object on stdout, nothing else.")
+    ] = False,
+) -> None:
+    """Tune a router's weights online on one window of a scenario, freeze them, write them."""
+    from longroute.metrics.tuning_report import trajectory_plot, write_trajectory_csv
+    from longroute.sim.scenario import load_scenario
+    from longroute.sim.tune import TuneOptions, tune_scenario
+    from longroute.tuning import save_weights
+
+    console = _console(json_output)
+    options = TuneOptions(router, window, objective, window_requests, unbounded)
+    try:
+        run = tune_scenario(load_scenario(scenario), options, seed=seed)
+    except _ERRORS as exc:
+        raise _fail(str(exc)) from None
+    try:
+        save_weights(run.frozen, output)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            write_trajectory_csv(out / "trajectory.csv", run.trajectory)
+            title = f"{run.frozen.router} tuned on {scenario}/{run.frozen.tuned_on['window']}"
+            trajectory_plot(out / "tuner.png", title, str(run.frozen.objective), run.trajectory)
+    except OSError as exc:
+        raise _fail(f"cannot write {exc.filename or output}: {exc.strerror or exc}") from None
+    accepted = sum(s.is_accepted for s in run.trajectory[1:])
+    payload = {
+        "router": run.frozen.router,
+        "weights": run.frozen.weights,
+        "objective": run.frozen.objective,
+        "tuned_on": run.frozen.tuned_on,
+        "num_accepted": accepted,
+        "final_fitness": run.trajectory[-1].incumbent_fitness,
+        "output": str(output),
+    }
+    if json_output:
+        sys.stdout.write(json.dumps(payload, sort_keys=True, allow_nan=False) + "\n")
+        return
+    weights = ", ".join(f"{k} {v:.4g}" for k, v in run.frozen.weights.items())
+    console.print(
+        f"tuned {run.frozen.router} on window {run.frozen.tuned_on['window']!r} "
+        f"({len(run.result.records)} requests, {len(run.trajectory)} judging windows of "
+        f"{run.frozen.tuned_on['window_requests']}, {accepted} candidates accepted): {weights}; "
+        f"{run.frozen.objective} of the incumbent {payload['final_fitness']:.3f} s"
+    )
+    console.print(f"frozen weights: {output}" + (f"; trajectory: {out}" if out else ""))
+
+
+# ---- simulate with frozen weights / windows --------------------------------------
+
+
+def frozen_preparer(frozen: FrozenWeights, routers: Sequence[str]) -> PrepareRouter:
+    """Sets the frozen weights on the router they were tuned for, before its run."""
+    from longroute.tuning import as_tunable
+
+    if frozen.router not in routers:
+        raise ConfigError(
+            f"the weights were tuned for router {frozen.router!r}, which this run does not "
+            f"include; routers: {', '.join(routers)}"
+        )
+
+    def prepare(name: str, router: Router) -> Sequence[RunObserver]:
+        if name == frozen.router:
+            as_tunable(router).set_weights(frozen.weights)
+        return ()
+
+    return prepare
+
+
+def simulate_windows(
+    config: ScenarioConfig,
+    *,
+    routers: list[str],
+    seed: int | None,
+    frozen: FrozenWeights | None,
+    out: Path | None,
+    json_output: bool,
+) -> None:
+    """Every window x router; Table 1 on the console (or JSON), a report folder per window."""
+    from longroute.metrics.report import write_report
+    from longroute.metrics.summary import summarize
+    from longroute.metrics.window_report import WindowSummary, window_table, windows_json
+    from longroute.sim.windows import run_windows
+
+    console = _console(json_output)
+    try:
+        prepare = frozen_preparer(frozen, routers) if frozen is not None else None
+        runs = run_windows(config, seed=seed, routers=routers, prepare_router=prepare)
+    except _ERRORS as exc:
+        raise _fail(str(exc)) from None
+    reference = config.tuning.router if config.tuning is not None else routers[0]
+    windows = []
+    for w in runs:
+        summaries = {
+            r: summarize(res.records, num_rejected=res.num_rejected)
+            for r, res in w.run.results.items()
+        }
+        windows.append(
+            WindowSummary(
+                w.window.name, w.window.load_scale, w.window.duration_s, w.is_tuning_window,
+                w.run.workload.num_requests if False else sum(
+                    len(res.records) for res in w.run.results.values()
+                ) // max(1, len(w.run.results)), summaries,
+            )
+        )  # fmt: skip
+        if out is not None:
+            try:
+                write_report(
+                    out / w.window.name,
+                    scenario=f"{config.name}/{w.window.name}",
+                    seed=w.run.seed,
+                    summaries=summaries,
+                    records_by_router={r: res.records for r, res in w.run.results.items()},
+                )
+            except OSError as exc:
+                raise _fail(f"{out}: cannot write the report: {exc.strerror or exc}") from None
+    weights = frozen.weights if frozen is not None else None
+    seed_used = config.seed if seed is None else seed
+    if json_output:
+        text = windows_json(config.name, seed_used, windows, reference=reference, weights=weights)
+        sys.stdout.write(text + "\n")
+        return
+    how = f"{frozen.router} weights {frozen.weights} (frozen)" if frozen else "default weights"
+    title = f"{config.name} (seed {seed_used}; {how}); latencies in s, best per window in green"
+    console.print(window_table(windows, title=title, reference=reference))
+    if out is not None:
+        console.print(f"report: {out} (one folder per window)")
