@@ -358,12 +358,27 @@ def test_tuner_accepts_better_and_rejects_worse_windows() -> None:
     assert len(router.history) == 4  # initial + one per closed window
 
 
+def test_tuner_judges_the_first_dispatched_attempts_not_the_first_finished() -> None:
+    _, _, tuner = make_tuner(window=2)
+    tuner.on_dispatch(request("slow"), "e0", 0.0)  # judged: first dispatched
+    tuner.on_dispatch(request("fast"), "e0", 0.0)  # judged
+    tuner.on_dispatch(request("extra"), "e0", 0.0)  # beyond the window: not judged
+    tuner.on_record(record("extra", 0.001))
+    tuner.on_record(record("fast", 0.002))
+    # two records arrived, but the slow judged attempt has not: the window stays open
+    assert tuner.generation == 0 and tuner.num_window_records == 1
+    tuner.on_record(record("slow", 9.0, finish_s=20.0))
+    assert tuner.generation == 1
+    step = tuner.trajectory[-1]
+    assert step.now_s == 20.0
+    assert step.fitness == pytest.approx(np.percentile([9.0, 0.002], 95))
+
+
 def test_tuner_ignores_records_from_older_generations_and_untagged_attempts() -> None:
     _, _, tuner = make_tuner(window=2)
-    tuner.on_dispatch(request("late"), "e0", 0.0)  # dispatched under generation 0
     feed(tuner, "g0-", 2.0, 2)  # closes generation 0
     assert tuner.generation == 1
-    tuner.on_record(record("late", 0.001))  # belongs to generation 0: dropped
+    tuner.on_record(record("g0-0", 0.001))  # generation 0's again: dropped
     assert tuner.num_dropped_records == 1 and tuner.num_window_records == 0
     tuner.on_dispatch(request("x", attempt=1), "e0", 0.0)
     tuner.on_record(record("x", 0.001, attempt=2))  # attempt 2 was never dispatched

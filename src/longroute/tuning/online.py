@@ -38,11 +38,20 @@ class TunerStep:
 class OnlineTuner:
     """Feeds windows of request latencies to an ES and applies its proposals to a router.
 
-    Memory: one tag per attempt dispatched under the current generation that
-    has not finished yet, plus one window of latencies; all tags are dropped
-    when a generation closes (late records of older generations are ignored
-    anyway). ``on_dispatch`` and ``on_record`` are O(1) except when a window
-    closes (O(window log window) for the percentiles).
+    A candidate is judged on the first ``window_requests`` attempts *dispatched*
+    under it, once every one of them has finished; it stays in force until
+    then (attempts dispatched beyond the first ``window_requests`` are not
+    judged). Judging the first attempts to *finish* instead would be biased
+    toward the fast ones: weights that pile requests onto one replica would
+    look good because their slow requests finish after the window closed
+    (a second way to reward-hack). Every dispatched attempt must eventually
+    reach ``on_record``, failures included, or its window never closes.
+
+    Memory: one tag per judged attempt not yet finished, plus one window of
+    latencies; all tags are dropped when a window closes (late records of
+    older generations are ignored anyway). ``on_dispatch`` and ``on_record``
+    are O(1) except when a window closes (O(window log window) for the
+    percentiles).
     """
 
     def __init__(
@@ -63,6 +72,7 @@ class OnlineTuner:
         self._router.set_weights(self._current)
         self._generation = 0
         self._tags: set[tuple[str, int]] = set()
+        self._num_judged = 0  # attempts tagged in this generation
         self._ttfts_s: list[float] = []
         self._e2es_s: list[float] = []
         self._trajectory: list[TunerStep] = []
@@ -70,9 +80,10 @@ class OnlineTuner:
         self._is_frozen = False
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
-        """Called right after an attempt was sent: tag it with the current generation."""
-        if not self._is_frozen:
+        """Called right after an attempt was sent: judge it if the window still has room."""
+        if not self._is_frozen and self._num_judged < self._window_requests:
             self._tags.add((request.request_id, request.attempt))
+            self._num_judged += 1
 
     def on_record(self, record: RequestRecord) -> None:
         """Called when an attempt finished: count it if it belongs to the current generation."""
@@ -111,6 +122,7 @@ class OnlineTuner:
         self._router.set_weights(self._current)
         self._generation += 1
         self._tags.clear()
+        self._num_judged = 0
         self._ttfts_s = []
         self._e2es_s = []
 
