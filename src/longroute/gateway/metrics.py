@@ -2,7 +2,8 @@
 
 Per-request work is a few counter increments and histogram observations;
 gauges of live state (in-flight requests and tokens per backend, queue
-depth, health, RTT, scraped engine load) are read from the FleetView and the
+depth, health, RTT, scraped engine load, the router-side prefix index's
+blocks per backend and its bound) are read from the FleetView and the
 admission queue only when ``/metrics`` is scraped, so they cost the request
 path nothing.
 """
@@ -90,11 +91,14 @@ class _LiveCollector:
 
     def collect(self) -> Iterable[Metric]:
         families = self._families()
-        depth, inflight, tokens, healthy, rtt, waiting, running, kv = families
+        depth, inflight, tokens, healthy, rtt, waiting, running, kv, blocks, capacity = families
         depth.add_metric([], self._queue_depth())
+        index = self._fleet.prefix_index
+        capacity.add_metric([], index.capacity_blocks_per_endpoint)
         for endpoint in self._fleet.endpoints:
             state = self._fleet.state(endpoint.name)
             label = [endpoint.name]
+            blocks.add_metric(label, index.num_blocks(endpoint.name))
             inflight.add_metric(label, state.num_inflight_requests)
             tokens.add_metric(label, state.num_queued_tokens)
             healthy.add_metric(label, 1.0 if state.is_healthy else 0.0)
@@ -123,4 +127,12 @@ class _LiveCollector:
             per_endpoint("longroute_engine_num_waiting", "Scraped engine queue length."),
             per_endpoint("longroute_engine_num_running", "Scraped engine running requests."),
             per_endpoint("longroute_engine_kv_usage", "Scraped engine KV-cache usage, 0..1."),
+            per_endpoint(
+                "longroute_prefix_index_blocks",
+                "Blocks the router-side prefix index believes the backend holds.",
+            ),
+            GaugeMetricFamily(
+                "longroute_prefix_index_capacity_blocks",
+                "Bound of the router-side prefix index, in blocks per backend.",
+            ),
         ]
