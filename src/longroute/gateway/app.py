@@ -26,7 +26,7 @@ from longroute.gateway.backends import Backend, build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
 from longroute.gateway.errors import SERVER_ERROR, GatewayError
 from longroute.gateway.health import HealthMonitor
-from longroute.gateway.intake import Job, RequestBuilder, authorize, read_body
+from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize, read_body
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.proxy import Proxy
@@ -79,6 +79,8 @@ class Gateway:
         self.requests = RequestBuilder(
             config, self.clock, is_hashing=self.router.needs_prefix_index
         )
+        reuse = config.context_reuse
+        self.context = ContextReuse(reuse, self.metrics) if reuse.enabled else None
         self.background_tasks: list[asyncio.Task[None]] = []
 
     def _health_changed(self, name: str, is_healthy: bool) -> None:
@@ -103,6 +105,8 @@ class Gateway:
             if target is None:
                 raise _model_not_found(parsed.model)
             model_label = parsed.model
+            if self.context is not None:  # requests with documents: plan and rewrite
+                raw, parsed = self.context.apply(raw, parsed, route, target)
             job = Job(
                 route,
                 raw,

@@ -98,6 +98,30 @@ class HealthConfig(_Model):
     open_s: float = Field(10.0, gt=0, description="Seconds open before a half-open probe.")
 
 
+class ContextReuseConfig(_Model):
+    """Context reuse for requests that carry ``documents`` (see docs/gateway.md)."""
+
+    enabled: bool = Field(
+        False, description="Plan requests with a 'documents' field; off = pass them untouched."
+    )
+    reorder_enabled: bool = Field(
+        True, description="Reorder documents so that requests share prompt prefixes."
+    )
+    dedup_enabled: bool = Field(
+        True, description="Replace documents a conversation already showed by references."
+    )
+    max_documents: int = Field(64, ge=1, description="Documents per request at most (else 400).")
+    max_indexed_requests: int = Field(
+        10_000, ge=1, description="Requests kept in each model's context index (oldest evicted)."
+    )
+    max_conversations: int = Field(
+        1_000,
+        ge=1,
+        description="Conversations whose rendered turns are kept per model (least recently "
+        "used forgotten); each holds its turns' prompt text.",
+    )
+
+
 class GatewayConfig(_Model):
     listen: ListenConfig = Field(default_factory=lambda: ListenConfig())
     backends: list[BackendConfig] = Field(min_length=1)
@@ -128,6 +152,7 @@ class GatewayConfig(_Model):
         "(uvicorn's default is 5 s) so a request never lands on a connection being closed.",
     )
     chars_per_token: float = Field(4.0, gt=0, description="Prompt characters per token.")
+    context_reuse: ContextReuseConfig = Field(default_factory=lambda: ContextReuseConfig())
     default_task: str | None = Field(
         None,
         min_length=1,

@@ -73,6 +73,26 @@ class GatewayMetrics:
             buckets=DECISION_BUCKETS_S,
             registry=registry,
         )
+        self.context_requests = Counter(
+            "longroute_context_requests",
+            "Requests with documents planned by context reuse.",
+            registry=registry,
+        )
+        self.context_documents = Counter(
+            "longroute_context_documents",
+            "Documents received in planned requests.",
+            registry=registry,
+        )
+        self.context_deduplicated = Counter(
+            "longroute_context_documents_deduplicated",
+            "Documents replaced by a reference to an earlier turn of their conversation.",
+            registry=registry,
+        )
+        self.context_reordered = Counter(
+            "longroute_context_requests_reordered",
+            "Planned requests whose documents were sent in another order than given.",
+            registry=registry,
+        )
         registry.register(_LiveCollector(fleet, queue_depth))
 
     def render(self) -> bytes:

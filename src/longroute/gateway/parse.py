@@ -3,6 +3,9 @@
 Checks what routing and accounting rely on (``model``, ``messages`` or
 ``prompt``, ``stream``, ``max_tokens``, ``n``, ``user``); every other field
 passes through to the backend untouched. Errors are 400s naming the param.
+
+:func:`parse_context_fields` reads the context-reuse extension (``documents``
+and ``conversation_id``); the gateway calls it only when context reuse is on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,13 @@ from longroute.gateway.prompt import chat_prompt_text
 ROUTE_CHAT = "/v1/chat/completions"
 ROUTE_COMPLETIONS = "/v1/completions"
 ROUTES = (ROUTE_CHAT, ROUTE_COMPLETIONS)
+DOCUMENTS_FIELD = "documents"
+CONVERSATION_FIELD = "conversation_id"
+#: The extension fields the gateway removes before forwarding a planned request.
+CONTEXT_FIELDS = (DOCUMENTS_FIELD, CONVERSATION_FIELD)
+DOCUMENT_KEYS = ("id", "text")
+MAX_DOCUMENT_ID_CHARS = 256
+MAX_CONVERSATION_ID_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,26 @@ class ParsedBody:
     user: str | None
     prompt_text: str | None
     prompt_token_ids: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One retrieved document of a request: the client's ``doc_id`` and its ``text``."""
+
+    doc_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContextFields:
+    """The context-reuse extension of a chat request.
+
+    ``documents`` in the client's (relevance) order, ids distinct; may be empty.
+    ``conversation_id`` groups the turns of one conversation; None: single turn.
+    """
+
+    documents: tuple[Document, ...]
+    conversation_id: str | None
 
 
 def parse_body(raw: bytes, route: str) -> ParsedBody:
@@ -121,3 +151,89 @@ def _prompt(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...] | None]:
 
 def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_context_fields(
+    body: dict[str, Any], route: str, max_documents: int
+) -> ContextFields | None:
+    """The ``documents`` / ``conversation_id`` extension of ``body``; None without ``documents``.
+
+    Called once per request, after :func:`parse_body`, when context reuse is
+    enabled. Raises a 400 GatewayError naming the field: ``documents`` on a route
+    other than chat, not an array, more than ``max_documents`` entries, an entry
+    that is not ``{"id": non-empty string, "text": string}``, a repeated id, or a
+    ``conversation_id`` that is not a non-empty string. O(number of documents).
+    """
+    if DOCUMENTS_FIELD not in body:
+        return None
+    if route != ROUTE_CHAT:
+        raise bad_request(
+            f"'documents' is only supported on {ROUTE_CHAT}, not {route}", DOCUMENTS_FIELD
+        )
+    entries = body[DOCUMENTS_FIELD]
+    if not isinstance(entries, list):
+        raise bad_request(
+            "'documents' must be an array of objects with 'id' and 'text', "
+            f"got {_type_name(entries)}",
+            DOCUMENTS_FIELD,
+        )
+    if len(entries) > max_documents:
+        raise bad_request(
+            f"'documents' has {len(entries)} entries; at most {max_documents} are allowed "
+            "(context_reuse.max_documents)",
+            DOCUMENTS_FIELD,
+        )
+    documents = tuple(_document(entry, i) for i, entry in enumerate(entries))
+    first_index: dict[str, int] = {}
+    for i, document in enumerate(documents):
+        earlier = first_index.setdefault(document.doc_id, i)
+        if earlier != i:
+            raise bad_request(
+                f"documents[{i}].id {document.doc_id!r} repeats documents[{earlier}].id; "
+                "document ids must be distinct within a request",
+                f"documents[{i}].id",
+            )
+    return ContextFields(documents, _conversation_id(body))
+
+
+def _document(entry: object, index: int) -> Document:
+    where = f"documents[{index}]"
+    if not isinstance(entry, dict):
+        raise bad_request(
+            f"{where} must be an object with 'id' and 'text', got {_type_name(entry)}", where
+        )
+    unknown = sorted(str(key) for key in entry if key not in DOCUMENT_KEYS)
+    if unknown:
+        raise bad_request(
+            f"{where} has unknown keys {', '.join(unknown)}; valid keys: id, text", where
+        )
+    doc_id = _identifier(entry.get("id"), f"{where}.id", MAX_DOCUMENT_ID_CHARS)
+    text = entry.get("text")
+    if not isinstance(text, str):
+        raise bad_request(
+            f"'{where}.text' is required and must be a string, got {_type_name(text)}",
+            f"{where}.text",
+        )
+    return Document(doc_id, text)
+
+
+def _conversation_id(body: dict[str, Any]) -> str | None:
+    value = body.get(CONVERSATION_FIELD)
+    if value is None:
+        return None
+    return _identifier(value, CONVERSATION_FIELD, MAX_CONVERSATION_ID_CHARS)
+
+
+def _identifier(value: object, where: str, max_chars: int) -> str:
+    """``value`` if it is a string of 1 to ``max_chars`` characters, else a 400 naming ``where``."""
+    if isinstance(value, str) and 0 < len(value) <= max_chars:
+        return value
+    got = f"{len(value)} characters" if isinstance(value, str) else _type_name(value)
+    raise bad_request(
+        f"'{where}' must be a string of 1 to {max_chars} characters, got {got}",
+        where,
+    )
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
