@@ -321,6 +321,7 @@ def test_registry_builds_the_generators_and_rejects_unknown_knobs() -> None:
         "kv-lookup",
         "long-sessions",
         "mixed-long-short",
+        "rag",
         "short-chat",
     ]
     built = WORKLOADS.build("short-chat", {"num_sessions": 5, "seed": 1})

@@ -159,6 +159,28 @@ class WindowConfig(_Model):
     duration_s: float | None = Field(
         None, gt=0, description="No session starts after this; started ones finish (drain)."
     )
+    workload_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Generator knobs merged over the scenario workload's params in this window "
+        "(e.g. reuse: contextpilot); a generator workload only.",
+    )
+    seed_offset: int | None = Field(
+        None,
+        ge=0,
+        description="The window draws its workload with seed + seed_offset (None = the "
+        "window's index): windows with the same offset see the same draw.",
+    )
+    baseline: str | None = Field(
+        None,
+        description="Another window this one is set against in the comparison table "
+        "(e.g. the same draw without context reuse); None = not compared.",
+    )
+
+    @model_validator(mode="after")
+    def _not_own_baseline(self) -> WindowConfig:
+        if self.baseline == self.name:
+            raise ValueError(f"window {self.name!r} cannot be its own baseline")
+        return self
 
 
 class TuningConfig(_Model):

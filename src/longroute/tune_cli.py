@@ -154,7 +154,12 @@ def simulate_windows(
     """Every window x router; Table 1 on the console (or JSON), a report folder per window."""
     from longroute.metrics.report import write_report
     from longroute.metrics.summary import summarize
-    from longroute.metrics.window_report import WindowSummary, window_table, windows_json
+    from longroute.metrics.window_report import (
+        WindowSummary,
+        comparison_table,
+        window_table,
+        windows_json,
+    )
     from longroute.sim.windows import run_windows
 
     console = _console(json_output)
@@ -175,7 +180,7 @@ def simulate_windows(
                 w.window.name, w.window.load_scale, w.window.duration_s, w.is_tuning_window,
                 w.run.workload.num_requests if False else sum(
                     len(res.records) for res in w.run.results.values()
-                ) // max(1, len(w.run.results)), summaries,
+                ) // max(1, len(w.run.results)), summaries, baseline=w.window.baseline,
             )
         )  # fmt: skip
         if out is not None:
@@ -197,6 +202,10 @@ def simulate_windows(
         return
     how = f"{frozen.router} weights {frozen.weights} (frozen)" if frozen else "default weights"
     title = f"{config.name} (seed {seed_used}; {how}); latencies in s, best per window in green"
-    console.print(window_table(windows, title=title, reference=reference))
+    is_tuned = config.tuning is not None
+    console.print(window_table(windows, title=title, reference=reference, is_tuned=is_tuned))
+    compared = comparison_table(windows, title=f"{config.name}: each window against its baseline")
+    if compared is not None:
+        console.print(compared)
     if out is not None:
         console.print(f"report: {out} (one folder per window)")

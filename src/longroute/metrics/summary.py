@@ -50,6 +50,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "throughput_req_per_s",
     "throughput_output_tokens_per_s",
     "cache_hit_ratio",
+    "num_prefill_tokens_computed",
     "num_preemptions",
     "num_rejected",
     "slo_attainment",
@@ -118,7 +119,9 @@ def summarize(
     record per attempt). ``duration_s`` defaults to last finish minus first
     arrival; throughputs are ``None`` when the duration is not positive.
     ``tpot_*`` ignore one-token outputs; ``slo_attainment`` considers only
-    records that carry an SLO; ``load_concentration`` is the largest share of
+    records that carry an SLO; ``num_prefill_tokens_computed`` is prompt tokens
+    minus cached tokens, summed (a preempted request's recompute is not
+    counted); ``load_concentration`` is the largest share of
     records sent to a single endpoint. ``num_rejected`` counts requests that
     never ran (no endpoint could take them); they have no record.
     """
@@ -147,6 +150,7 @@ def summarize(
     out["throughput_req_per_s"] = _ratio(n, duration)
     out["throughput_output_tokens_per_s"] = _ratio(int(num_out.sum()), duration)
     out["cache_hit_ratio"] = _ratio(num_cached, num_prompt)
+    out["num_prefill_tokens_computed"] = num_prompt - num_cached
     out["num_preemptions"] = sum(r.num_preemptions for r in records)
     out["num_rejected"] = num_rejected
     out["slo_attainment"] = _ratio(sum(slo_met), len(slo_met))

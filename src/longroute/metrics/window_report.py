@@ -5,18 +5,28 @@ with one summary per (window, router) from ``metrics.summary.summarize``.
 The *reference* router (the tuned one, e.g. gorgo) is set against the best
 other router of each window, column by column: ``ratio = reference / best
 baseline``, so a ratio above 1 is a loss and shows as one.
+
+A window with a ``baseline`` window (the same draw with one workload knob
+changed, e.g. context reuse on against off) is also set against it, router by
+router, in ``comparison_table``: ``ratio = window / baseline``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.markup import escape
 from rich.table import Table
 
-from longroute.metrics.report import BEST_STYLE, SummaryMap, format_percent, format_seconds
+from longroute.metrics.report import (
+    BEST_STYLE,
+    MISSING,
+    SummaryMap,
+    format_percent,
+    format_seconds,
+)
 
 # (header, summary key, scale, format) — the paper's Table 1 plus load concentration
 WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -38,6 +48,7 @@ class WindowSummary:
     is_tuning_window: bool
     num_requests: int
     summaries: SummaryMap
+    baseline: str | None = None  # the window this one is compared with, if any
 
 
 def compare_to_best(summaries: SummaryMap, reference: str) -> dict[str, dict[str, object]] | None:
@@ -65,10 +76,13 @@ def compare_to_best(summaries: SummaryMap, reference: str) -> dict[str, dict[str
     return out
 
 
-def window_table(windows: Sequence[WindowSummary], *, title: str, reference: str) -> Table:
+def window_table(
+    windows: Sequence[WindowSummary], *, title: str, reference: str, is_tuned: bool = True
+) -> Table:
     """Rows per window and router; best value per column and window in bold green.
 
     After each window's routers, a row ``<reference> / best`` gives the ratios.
+    ``is_tuned=False`` (a scenario without tuning) drops the in-sample/held-out tag.
     """
     table = Table(title=title)
     table.add_column("window", style="bold")
@@ -78,7 +92,8 @@ def window_table(windows: Sequence[WindowSummary], *, title: str, reference: str
     table.add_column("load conc.", justify="right")
     table.add_column("cache hit", justify="right")
     for w in windows:
-        label = f"{w.name} (x{w.load_scale:g}, {'in-sample' if w.is_tuning_window else 'held-out'})"
+        tag = ("in-sample" if w.is_tuning_window else "held-out") if is_tuned else ""
+        label = f"{w.name} (x{w.load_scale:g}{', ' + tag if tag else ''})"
         best = {
             key: min((float(v) for s in w.summaries.values() if (v := s.get(key)) is not None),
                      default=None)
@@ -147,3 +162,79 @@ def windows_json(
 ) -> str:
     payload = windows_payload(scenario, seed, windows, reference=reference, weights=weights)
     return json.dumps(payload, sort_keys=True, allow_nan=False)
+
+
+def format_tokens(value: float | int | None) -> str:
+    """A token count with a k/M suffix (3 significant digits)."""
+    if value is None:
+        return MISSING
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{int(value)}"
+
+
+# (header, summary key, formatter, True if higher is better) of the comparison table
+COMPARISON_COLUMNS: tuple[tuple[str, str, Callable[[float | int | None], str], bool], ...] = (
+    ("cache hit", "cache_hit_ratio", format_percent, True),
+    ("prefill computed", "num_prefill_tokens_computed", format_tokens, False),
+    ("TTFT p50", "ttft_p50_s", format_seconds, False),
+    ("TTFT p95", "ttft_p95_s", format_seconds, False),
+)
+
+
+def vs_baseline(
+    window: WindowSummary, baseline: WindowSummary
+) -> dict[str, dict[str, float | None]]:
+    """Per router in both windows, per compared key: ``window / baseline`` (None if undefined)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for router, summary in window.summaries.items():
+        base = baseline.summaries.get(router)
+        if base is None:
+            continue
+        ratios: dict[str, float | None] = {}
+        for _, key, _, _ in COMPARISON_COLUMNS:
+            mine, theirs = summary.get(key), base.get(key)
+            if mine is None or theirs is None or theirs <= 0:
+                ratios[key] = None
+            else:
+                ratios[key] = float(mine) / float(theirs)
+        out[router] = ratios
+    return out
+
+
+def comparison_table(windows: Sequence[WindowSummary], *, title: str) -> Table | None:
+    """Each window with a baseline against it, per router: ``baseline → window (ratio)``.
+
+    None when no window names a baseline. A ratio that is an improvement
+    (higher cache hit; less prefill; lower TTFT) is green, a loss red. Raises
+    ``ValueError`` naming a baseline that is not among ``windows``.
+    """
+    by_name = {w.name: w for w in windows}
+    compared = [w for w in windows if w.baseline is not None]
+    if not compared:
+        return None
+    table = Table(title=title)
+    table.add_column("window", style="bold")
+    table.add_column("router", style="bold")
+    for header, _, _, _ in COMPARISON_COLUMNS:
+        table.add_column(header, justify="right")
+    for w in compared:
+        base = by_name.get(str(w.baseline))
+        if base is None:
+            raise ValueError(f"window {w.name!r}: baseline {w.baseline!r} is not among the windows")
+        ratios = vs_baseline(w, base)
+        for i, (router, by_key) in enumerate(ratios.items()):
+            cells = [escape(f"{w.name}\nvs {base.name}") if i == 0 else "", escape(router)]
+            for _, key, fmt, is_higher_better in COMPARISON_COLUMNS:
+                text = (
+                    f"{fmt(base.summaries[router].get(key))} → {fmt(w.summaries[router].get(key))}"
+                )
+                ratio = by_key[key]
+                if ratio is not None:
+                    is_better = ratio > 1 if is_higher_better else ratio < 1
+                    style = "green" if is_better else ("red" if ratio != 1 else "")
+                    text += f" ([{style}]{ratio:.2f}x[/])" if style else f" ({ratio:.2f}x)"
+                cells.append(text)
+            table.add_row(*cells, end_section=i == len(ratios) - 1)
+    return table

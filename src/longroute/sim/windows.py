@@ -2,10 +2,14 @@
 
 A scenario with ``windows`` (e.g. GORGO's full, half and a third of the load,
 30 minutes each) is simulated once per window and router. Window ``i`` draws
-its workload with seed ``seed + i``, so every window sees different requests
-(a held-out window shares no sessions with the tuning window), and scales the
-clients: ``rate_per_s`` (open loop) or ``num_users`` (closed loop) times its
+its workload with seed ``seed + i`` (or ``seed + seed_offset`` when it sets
+one), so by default every window sees different requests (a held-out window
+shares no sessions with the tuning window), and scales the clients:
+``rate_per_s`` (open loop) or ``num_users`` (closed loop) times its
 ``load_scale``; its ``duration_s`` stops new sessions (started ones drain).
+Its ``workload_params`` are merged over the generator's params, so two
+windows with one ``seed_offset`` can run the same draw with one knob changed
+(e.g. the ``rag`` scenario: context reuse off and on; ``baseline`` pairs them).
 """
 
 from __future__ import annotations
@@ -48,7 +52,33 @@ def window_scenario(config: ScenarioConfig, window: WindowConfig) -> ScenarioCon
         update["num_users"] = max(1, round(clients.num_users * window.load_scale))
     if window.duration_s is not None:
         update["duration_s"] = window.duration_s
-    return config.model_copy(update={"clients": clients.model_copy(update=update)})
+    changes: dict[str, object] = {"clients": clients.model_copy(update=update)}
+    if window.workload_params:
+        workload = config.workload
+        if workload.generator is None:
+            raise ConfigError(
+                f"window {window.name!r}: workload_params need a generator workload "
+                f"(this scenario replays the trace {workload.trace!r})"
+            )
+        params = {**workload.params, **window.workload_params}
+        changes["workload"] = workload.model_copy(update={"params": params})
+    return config.model_copy(update=changes)
+
+
+def window_seed(seed: int, index: int, window: WindowConfig) -> int:
+    """The workload seed of window number ``index``: seed + its seed_offset, else + index."""
+    return seed + (index if window.seed_offset is None else window.seed_offset)
+
+
+def check_baselines(config: ScenarioConfig) -> None:
+    """Raise ConfigError for a window whose ``baseline`` names no window of the scenario."""
+    names = [w.name for w in windows_of(config)]
+    for window in windows_of(config):
+        if window.baseline is not None and window.baseline not in names:
+            raise ConfigError(
+                f"window {window.name!r}: unknown baseline {window.baseline!r}; "
+                f"windows: {', '.join(names)}"
+            )
 
 
 def window_index(config: ScenarioConfig, name: str) -> int:
@@ -70,6 +100,7 @@ def run_windows(
     """Every window (or those named in ``only``), every router; results in window order."""
     seed = config.seed if seed is None else seed
     windows = windows_of(config)
+    check_baselines(config)
     if only is not None:
         for name in only:
             window_index(config, name)  # fail on an unknown name before any work
@@ -80,7 +111,7 @@ def run_windows(
             continue
         run = run_scenario(
             window_scenario(config, window) if config.windows else config,
-            seed=seed + i,
+            seed=window_seed(seed, i, window),
             routers=routers,
             prepare_router=prepare_router,
             on_router_done=_tagged(on_router_done, window.name),
