@@ -76,8 +76,8 @@ def test_schedule_paper_figure_7() -> None:
 
 def test_schedule_larger_groups_first_and_ties_stable() -> None:
     paths = [(2, 1), (1,), (2,), (1, 5, 5), (3,), (1, 4)]
-    # groups: 2 -> [0, 2]; 1 -> [1, 3, 5]; 3 -> [4]
-    assert schedule(paths) == [3, 5, 1, 0, 2, 4]
+    # groups: 2 -> [0, 2]; 1 -> [1, 3, 5]; 3 -> [4]; depth-first inside a group
+    assert schedule(paths) == [5, 3, 1, 0, 2, 4]
     # equal-size groups keep the order of first appearance
     assert schedule([(4,), (7,), (4, 1), (7, 1)]) == [2, 0, 3, 1]
 
@@ -88,8 +88,8 @@ def test_schedule_empty_paths_form_one_group() -> None:
     assert schedule([(), ()]) == [0, 1]
 
 
-def _check_algorithm_5(paths: Sequence[Sequence[int]], order: list[int]) -> None:
-    """The properties that determine Algorithm 5's output uniquely."""
+def _check_schedule(paths: Sequence[Sequence[int]], order: list[int]) -> None:
+    """The properties that determine the schedule uniquely (Algorithm 5, depth-first groups)."""
     assert sorted(order) == list(range(len(paths)))  # every request exactly once
 
     def key(i: int) -> int | None:
@@ -106,14 +106,25 @@ def _check_algorithm_5(paths: Sequence[Sequence[int]], order: list[int]) -> None
             runs.append(key(i))
     assert len(runs) == len(size)  # each group is contiguous
     assert runs == sorted(runs, key=lambda g: (-size[g], first[g]))  # larger groups first
+    position = {i: n for n, i in enumerate(order)}
     for a, b in itertools.pairwise(order):
-        if key(a) == key(b):  # within a group: longer paths first, ties by input order
-            assert (-len(paths[a]), a) < (-len(paths[b]), b)
+        if key(a) == key(b):  # within a group: depth-first, ties by input order
+            pa, pb = tuple(paths[a]), tuple(paths[b])
+            if pa == pb:
+                assert a < b
+            elif pb[: len(pa)] != pa:  # b does not extend a: a sorts first step by step
+                assert pa[: len(pb)] == pb or pa < pb
+    for i in range(len(paths)):
+        for j in range(len(paths)):
+            pi, pj = tuple(paths[i]), tuple(paths[j])
+            extends = len(pj) > len(pi) > 0 and pj[: len(pi)] == pi
+            if extends:  # j extends i (same group): the longer match runs first
+                assert position[j] < position[i]
 
 
 @given(paths_st)
 def test_schedule_follows_algorithm_5(paths: list[list[int]]) -> None:
-    _check_algorithm_5(paths, schedule(paths))
+    _check_schedule(paths, schedule(paths))
 
 
 # ---------------------------------------------------------------- dedup
@@ -361,9 +372,9 @@ def test_plan_batch_paper_figure_5() -> None:
     )
     assert [p.request_id for p in batch.plans] == ["c1", "c2", "c3"]
     assert [p.blocks for p in batch.plans] == [(1, 2, 3), (1, 2, 6), (1, 4, 0)]
-    assert batch.order == (0, 1, 2)
+    assert batch.order == (2, 0, 1)  # c3's branch, then the {1, 2} branch
     assert batch.plans[0].order_annotation == order_annotation((2, 1, 3), (1, 2, 3))
-    assert batch.scheduled_plans() == batch.plans
+    assert batch.scheduled_plans() == (batch.plans[2], batch.plans[0], batch.plans[1])
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -382,7 +393,7 @@ def test_plan_batch_input_order_permutations_and_valid_schedule(seed: int) -> No
             assert plan.order_annotation == order_annotation(request.blocks, plan.blocks)
         if request.blocks:
             assert plan.path == pilot.index.path_of(request.request_id)
-    _check_algorithm_5([p.path for p in batch.plans], list(batch.order))
+    _check_schedule([p.path for p in batch.plans], list(batch.order))
     assert [batch.plans[i] for i in batch.order] == list(batch.scheduled_plans())
     assert len(pilot.index) == sum(1 for r in requests if r.blocks)
     pilot.index.check_tree()

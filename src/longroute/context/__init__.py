@@ -72,8 +72,10 @@ Offline batch (the paper's Figure 5 contexts):
 ...      ContextRequest("c3", (4, 1, 0))])
 >>> [plan.blocks for plan in batch.plans]
 [(1, 2, 3), (1, 2, 6), (1, 4, 0)]
->>> batch.order
-(0, 1, 2)
+>>> [plan.path for plan in batch.plans]  # c3 hangs off the {1} node first, then {1, 2}
+[(0, 1, 0), (0, 1, 1), (0, 0)]
+>>> batch.order  # depth-first: each branch of the tree runs as one stretch
+(2, 0, 1)
 """
 
 from __future__ import annotations
