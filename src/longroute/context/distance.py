@@ -178,10 +178,21 @@ LINKAGE_METHODS = ("average", "complete", "single", "weighted")
 # measured (Zipf and topic-clustered batches of 2,000 x 15 blocks, group sizes
 # 250..4,000: e.g. 26.4% vs 26.1% and 43.1% vs 42.5%).
 DEFAULT_LINKAGE_METHOD = "complete"
-# Largest group clustered by exact linkage on all its pairs. The hit fraction
-# is flat from 250 to 4,000 (within 0.5 points, larger is not better) while the
-# build time grows with it; a 500-context group costs about 0.03 s and 1 MB.
-DEFAULT_MAX_EXACT_CONTEXTS = 500
+# Largest group clustered by exact linkage on all its pairs, when not given:
+# chosen so that the exact pairs of a build stay within a budget (N * B / 2
+# <= EXACT_PAIR_BUDGET), between MIN_ and MAX_EXACT_CONTEXTS. Exact linkage
+# over a whole 2,000-context batch beats divisive splitting on topic-clustered
+# contexts (prefix hits 30.8% vs 28.3% at k = 15; benchmarks/context_index.py),
+# and 6M pairs cost about 1 s here; 100,000 contexts get 500-context groups.
+EXACT_PAIR_BUDGET = 6_000_000
+MIN_EXACT_CONTEXTS = 500
+MAX_EXACT_CONTEXTS = 2000
+
+
+def exact_group_size(num_contexts: int) -> int:
+    """The exact-linkage group size for a build of ``num_contexts`` (the pair budget)."""
+    by_budget = 2 * EXACT_PAIR_BUDGET // max(1, num_contexts)
+    return max(MIN_EXACT_CONTEXTS, min(MAX_EXACT_CONTEXTS, by_budget))
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +213,12 @@ def cluster_contexts(
     alpha: float = DEFAULT_ALPHA,
     *,
     method: str = DEFAULT_LINKAGE_METHOD,
-    max_exact_contexts: int = DEFAULT_MAX_EXACT_CONTEXTS,
+    max_exact_contexts: int | None = None,
 ) -> ClusterTree:
     """Cluster ``contexts`` (distinct block sets) into a tree; called once per offline build.
 
-    Groups of at most ``max_exact_contexts`` contexts are clustered exactly:
+    Groups of at most ``max_exact_contexts`` contexts (None: ``exact_group_size``
+    of the number of contexts) are clustered exactly:
     ``pairwise_distances`` then ``scipy.cluster.hierarchy.linkage(method)``
     (Algorithm 4, phase 1). Larger groups are first split *divisively* so that
     no N^2 matrix is ever built: within a group, the blocks that every member
@@ -226,6 +238,8 @@ def cluster_contexts(
     alpha = check_alpha(alpha)
     if method not in LINKAGE_METHODS:
         raise ValueError(f"unknown linkage method {method!r}; valid: {', '.join(LINKAGE_METHODS)}")
+    if max_exact_contexts is None:
+        max_exact_contexts = exact_group_size(len(contexts))
     if max_exact_contexts < 2:
         raise ValueError(f"max_exact_contexts must be >= 2, got {max_exact_contexts}")
     builder = _ClusterBuilder(contexts, alpha, method, max_exact_contexts)

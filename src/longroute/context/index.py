@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from longroute.context.distance import (
     DEFAULT_ALPHA,
     DEFAULT_LINKAGE_METHOD,
-    DEFAULT_MAX_EXACT_CONTEXTS,
     check_alpha,
     cluster_contexts,
 )
@@ -123,14 +122,15 @@ class ContextIndex:
         *,
         alpha: float = DEFAULT_ALPHA,
         method: str = DEFAULT_LINKAGE_METHOD,
-        max_exact_contexts: int = DEFAULT_MAX_EXACT_CONTEXTS,
+        max_exact_contexts: int | None = None,
     ) -> tuple[ContextIndex, list[InsertResult]]:
         """Offline build from a whole batch (Algorithm 4); results in input order.
 
         Request ids default to ``"0", "1", ...``. Contexts with equal block sets
         share a leaf. The distinct contexts are clustered by
         ``cluster_contexts`` (exact linkage for groups up to
-        ``max_exact_contexts``, divisive splitting above); internal nodes get
+        ``max_exact_contexts``, by default sized by the exact-pair budget:
+        ``exact_group_size``; divisive splitting above); internal nodes get
         the intersection of their subtree, nodes that add no block to their
         parent's (empty ones included) are removed and their children relinked
         upward, and docs are prefix-aligned top-down (phase 3: parent docs, then
