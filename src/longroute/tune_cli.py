@@ -178,9 +178,8 @@ def simulate_windows(
         windows.append(
             WindowSummary(
                 w.window.name, w.window.load_scale, w.window.duration_s, w.is_tuning_window,
-                w.run.workload.num_requests if False else sum(
-                    len(res.records) for res in w.run.results.values()
-                ) // max(1, len(w.run.results)), summaries, baseline=w.window.baseline,
+                max(len(res.records) for res in w.run.results.values()),
+                summaries, baseline=w.window.baseline,
             )
         )  # fmt: skip
         if out is not None:
