@@ -192,3 +192,37 @@ def test_tune_errors_name_the_problem() -> None:
     no_tuning = config.model_copy(update={"tuning": None})
     with pytest.raises(ConfigError, match="has no `tuning` section"):
         tune_scenario(no_tuning, TuneOptions())
+
+
+def test_first_token_release_counts_only_the_uncached_prompt_until_the_first_token() -> None:
+    fleet = _fleet()
+    router = GorgoRouter(queue_release="first-token")
+    first = _request("p:0", _hashes(11, 50))
+    router.route(first, fleet, 0.0)
+    router.on_dispatch(first, "mid", 0.0)
+    # no output tokens: a proxy does not know how long the answer will be
+    assert router.queued_tokens["mid"] == 50 * BLOCK
+    router.on_first_token(first, "mid", 0.1)
+    assert router.queued_tokens["mid"] == 0
+    assert router.num_first_tokens_seen == 1
+    router.on_complete(first, "mid", 0.5, True)  # already released: not subtracted twice
+    assert router.queued_tokens["mid"] == 0
+    # a request that fails before its first token is released at completion
+    second = _request("p:1", _hashes(12, 20))
+    router.route(second, fleet, 0.0)
+    router.on_dispatch(second, "near", 0.0)
+    router.on_complete(second, "near", 0.2, False)
+    assert router.queued_tokens["near"] == 0
+    assert router.num_inflight == 0
+
+
+def test_complete_release_ignores_first_tokens_and_bad_release_is_named() -> None:
+    router = GorgoRouter()
+    request = _request("q:0", _hashes(13, 10))
+    router.route(request, _fleet(), 0.0)
+    router.on_dispatch(request, "near", 0.0)
+    router.on_first_token(request, "near", 0.1)
+    assert router.queued_tokens["near"] == 10 * BLOCK + 100
+    assert router.num_first_tokens_seen == 0
+    with pytest.raises(ValueError, match="first-token"):
+        GorgoRouter(queue_release="prefill")

@@ -120,6 +120,7 @@ class Admission:
     def first_byte(self, request: Request, endpoint: str) -> None:
         """The backend started answering: it no longer owes the prompt."""
         self.fleet.record_prefill_done(request, endpoint)
+        self.router.on_first_token(request, endpoint, self._clock.now_s())
 
     def finish(self, request: Request, endpoint: str, *, has_first_byte: bool, is_ok: bool) -> None:
         """The attempt ended (answered, failed or abandoned); frees its slot."""

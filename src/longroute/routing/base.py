@@ -32,6 +32,8 @@ class Router(Protocol):
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None: ...
 
+    def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None: ...
+
     def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None: ...
 
 
@@ -49,6 +51,9 @@ class BaseRouter:
         self.rng = rng if rng is not None else random.Random(0)
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
+        return None
+
+    def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None:
         return None
 
     def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:

@@ -13,7 +13,15 @@ LRU); ``queued_tokens`` is the router's own count of the work in flight at
 tokens at dispatch plus its output tokens (incremented in :meth:`on_dispatch`,
 decremented in :meth:`on_complete`). Counting the uncached part, not the whole
 prompt, keeps a long conversation's cached history from looking like queued
-work and pushing the conversation away from its cache. The weights are
+work and pushing the conversation away from its cache. With
+``queue_release="first-token"`` the counter is a prefill queue instead (a
+reading of the seed's "queued tokens" as work waiting ahead of a new prompt,
+which the paper's weights, queue_weight 0.5, suit): only the uncached prompt
+tokens, released when the first token comes back (:meth:`on_first_token`,
+or at completion if it never does), so no output length is assumed (a proxy
+does not know it; the simulator's ``num_output_tokens`` is the true one).
+That mode needs its host to call :meth:`on_first_token`;
+:attr:`num_first_tokens_seen` shows whether it does. The weights are
 dimensionless (tokens per ms, tokens per queued token); they come from the
 constructor, from a frozen-weights file written by ``longroute tune``, or
 from the online tuner through :meth:`set_weights`.
@@ -34,6 +42,7 @@ from longroute.types import Request, RouteDecision
 PAPER_RTT_WEIGHT = 0.276
 PAPER_QUEUE_WEIGHT = 0.5
 WEIGHT_NAMES = ("rtt_weight", "queue_weight")
+QUEUE_RELEASES = ("complete", "first-token")
 
 
 @ROUTERS.register("gorgo")
@@ -55,9 +64,18 @@ class GorgoRouter(BaseRouter):
         rtt_weight: float | None = None,
         queue_weight: float | None = None,
         weights_file: str | None = None,
+        queue_release: str = "complete",
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(rng=rng)
+        if queue_release not in QUEUE_RELEASES:
+            raise ValueError(
+                f"gorgo: unknown queue_release {queue_release!r}; "
+                f"valid: {', '.join(QUEUE_RELEASES)}"
+            )
+        self.queue_release = queue_release
+        self.is_prefill_queue = queue_release == "first-token"
+        self.num_first_tokens_seen = 0
         weights = {"rtt_weight": PAPER_RTT_WEIGHT, "queue_weight": PAPER_QUEUE_WEIGHT}
         if weights_file is not None:
             if rtt_weight is not None or queue_weight is not None:
@@ -127,18 +145,29 @@ class GorgoRouter(BaseRouter):
         )
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
-        """Count the request's work at ``endpoint`` until :meth:`on_complete`."""
+        """Count the request's work at ``endpoint`` until it is released (see queue_release)."""
         key = (request.request_id, request.attempt)
         uncached = request.num_prompt_tokens
         if key == self._last_key:
             uncached -= self._last_matched.get(endpoint, 0) * request.block_size_tokens
             uncached = max(uncached, 0)
-        work = uncached + request.num_output_tokens
+        work = uncached if self.is_prefill_queue else uncached + request.num_output_tokens
         previous = self._work.pop(key, None)
         if previous is not None:  # re-sent before completing (gateway failover)
             self.queued_tokens[previous[0]] -= previous[1]
         self._work[key] = (endpoint, work)
         self.queued_tokens[endpoint] = self.queued_tokens.get(endpoint, 0) + work
+
+    def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None:
+        """The first token reached the router: with ``queue_release="first-token"``,
+        the request's prompt leaves the queue. Called once per attempt, before
+        :meth:`on_complete`; a no-op with ``queue_release="complete"``."""
+        if not self.is_prefill_queue:
+            return
+        self.num_first_tokens_seen += 1
+        entry = self._work.pop((request.request_id, request.attempt), None)
+        if entry is not None:
+            self.queued_tokens[entry[0]] -= entry[1]
 
     def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
         entry = self._work.pop((request.request_id, request.attempt), None)

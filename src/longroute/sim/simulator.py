@@ -279,6 +279,7 @@ class Simulation:
         flight: _Flight = seq.tag  # type: ignore[assignment]
         flight.first_token_s = self.loop.now_s
         self.fleet.record_prefill_done(flight.request, flight.endpoint)
+        self.router.on_first_token(flight.request, flight.endpoint, self.loop.now_s)
 
     def _finish_at_client(self, seq: EngineSeq, _: object) -> None:
         flight: _Flight = seq.tag  # type: ignore[assignment]
