@@ -24,7 +24,7 @@ import openai
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from longroute.gateway import GATEWAY_KEY, Gateway, GatewaySecrets, create_app
+from longroute.gateway import Gateway, GatewaySecrets, serve_gateway
 from longroute.gateway.config import parse_gateway_config
 
 TEST_TIMEOUT_S = 15.0
@@ -232,13 +232,11 @@ async def running_fleet(
         ordered = {name: urls[name] for name in sorted(urls)}
         data = gateway_config(ordered, backend_extra or {}, **overrides)
         config = parse_gateway_config(data, "test")
-        app = create_app(config, secrets or GatewaySecrets({}, None))
-        gateway_server = TestServer(app, host="127.0.0.1")
-        await gateway_server.start_server()
-        stack.push_async_callback(gateway_server.close)
+        running = await stack.enter_async_context(
+            serve_gateway(config, secrets or GatewaySecrets({}, None), host="127.0.0.1", port=0)
+        )
         http = await stack.enter_async_context(aiohttp.ClientSession())
-        url = str(gateway_server.make_url("")).rstrip("/")
-        yield Fleet(url, app[GATEWAY_KEY], http)
+        yield Fleet(running.url, running.gateway, http)
 
 
 def sse_events(data: bytes) -> list[str]:

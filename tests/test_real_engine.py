@@ -34,12 +34,11 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
 from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from longroute.emulator import EmulatorOptions, start_emulator
-from longroute.gateway import GATEWAY_KEY, Gateway, GatewaySecrets, create_app
+from longroute.gateway import Gateway, GatewaySecrets, serve_gateway
 from longroute.gateway.config import parse_gateway_config
 
 pytestmark = pytest.mark.real_engine
@@ -249,15 +248,19 @@ async def running_fleet(vllm: Vllm, emulator_model: str) -> AsyncIterator[Fleet]
             "rtt_probe_interval_s": 5.0,
             "scrape_interval_s": 0.25,
         }  # fmt: skip
-        app = create_app(parse_gateway_config(data, "test_real_engine"), GatewaySecrets({}, None))
-        server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
-        stack.push_async_callback(server.close)
-        url = str(server.make_url("")).rstrip("/")
+        running = await stack.enter_async_context(
+            serve_gateway(
+                parse_gateway_config(data, "test_real_engine"),
+                GatewaySecrets({}, None),
+                host="127.0.0.1",
+                port=0,
+            )
+        )
+        url = running.url
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         stack.push_async_callback(client.close)
         http = await stack.enter_async_context(aiohttp.ClientSession())
-        yield Fleet(url, app[GATEWAY_KEY], client, http)
+        yield Fleet(url, running.gateway, client, http)
 
 
 async def eventually(predicate: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:

@@ -1,10 +1,11 @@
 """The OpenAI-compatible gateway (``longroute serve``): the simulator's routers, live.
 
-Importing this package starts nothing; :func:`create_app` builds the aiohttp
-application and :func:`longroute.gateway.cli.serve_command` runs it.
+Importing this package starts nothing; :class:`Gateway` builds the gateway,
+:func:`serve_gateway` runs one for an ``async with`` block, and
+:func:`longroute.gateway.cli.serve_command` runs it until interrupted.
 """
 
-from longroute.gateway.app import GATEWAY_KEY, Gateway, create_app
+from longroute.gateway.app import Gateway, RunningGateway, serve_gateway
 from longroute.gateway.config import (
     GatewayConfig,
     GatewaySecrets,
@@ -14,12 +15,12 @@ from longroute.gateway.config import (
 )
 
 __all__ = [
-    "GATEWAY_KEY",
     "Gateway",
     "GatewayConfig",
     "GatewaySecrets",
-    "create_app",
+    "RunningGateway",
     "load_gateway_config",
     "parse_gateway_config",
     "resolve_secrets",
+    "serve_gateway",
 ]

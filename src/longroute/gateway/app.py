@@ -1,9 +1,12 @@
 """The gateway application: wiring, request handlers and background tasks.
 
-``create_app(config)`` builds everything that needs no event loop (router
-by registry name, FleetView, admission, metrics, health); the shared
-``aiohttp.ClientSession`` and the background loops (health checks, RTT
-probes, engine scraping) start with the application and stop with it.
+``Gateway(config, secrets)`` builds everything that needs no event loop
+(router by registry name, FleetView, admission, metrics, health, one
+upstream pool per backend). :meth:`Gateway.start` opens the HTTP server
+(:mod:`longroute.gateway.http_server`) and the background loops (health
+checks, RTT probes, engine scraping, on an ``aiohttp.ClientSession`` of their
+own); :meth:`Gateway.stop` ends them. :func:`serve_gateway` does both around a
+``with`` block.
 """
 
 from __future__ import annotations
@@ -14,30 +17,34 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from longroute.clock import WallClock
 from longroute.gateway.admission import Admission
-from longroute.gateway.backends import Backend, build_backends
+from longroute.gateway.backends import build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
 from longroute.gateway.errors import SERVER_ERROR, GatewayError
 from longroute.gateway.health import HealthMonitor
-from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize, read_body
+from longroute.gateway.http_server import HttpServer, ResponseStream
+from longroute.gateway.http_types import JSON_TYPE, HttpRequest, HttpResponse
+from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.proxy import Proxy
-from longroute.gateway.rtt_probe import RttProber
-from longroute.gateway.scrape import EngineScraper
+from longroute.gateway.wiring import models_body, monitors
 from longroute.routing import ROUTERS
 from longroute.routing.fleet_view import FleetView
 
 log = logging.getLogger("longroute.gateway")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[HttpRequest, ResponseStream], Awaitable[HttpResponse | None]]
+# how long a stopping gateway lets in-flight requests finish
+STOP_GRACE_S = 5.0
 
 
 class Gateway:
@@ -68,20 +75,50 @@ class Gateway:
         )
         self.health = HealthMonitor(self.backends, config.health, self.clock, self._health_changed)
         self.proxy = Proxy(
-            self.backends, self.admission, self.health, self.metrics, config.admission
+            self.backends,
+            self.admission,
+            self.health,
+            self.metrics,
+            config.admission,
+            keepalive_s=config.backend_keepalive_s,
         )
-        self.rtt, self.scraper = _monitors(config, self.backends, self.fleet, self.clock)
+        self.rtt, self.scraper = monitors(config, self.backends, self.fleet, self.clock)
         # served models map to themselves, aliases to their target (a model or "auto")
         self.served_models = frozenset(b.model for b in self.backends.values())
         self.models: dict[str, str] = {b.model: b.model for b in self.backends.values()}
         self.models.update(config.model_aliases)
-        self._models_body = _models_body(self.models)
+        self._models_body = models_body(self.models)
         self.requests = RequestBuilder(
             config, self.clock, is_hashing=self.router.needs_prefix_index
         )
         reuse = config.context_reuse
         self.context = ContextReuse(reuse, self.metrics) if reuse.enabled else None
         self.background_tasks: list[asyncio.Task[None]] = []
+        self.routes = self._route_table()
+        self._server: HttpServer | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def _route_table(self) -> dict[tuple[str, str], Handler]:
+        routes: dict[tuple[str, str], Handler] = {
+            ("POST", route): self.completion_handler(route) for route in ROUTES
+        }
+        routes[("GET", "/v1/models")] = self.handle_models
+        routes[("GET", "/health")] = self.handle_health
+        routes[("GET", "/ready")] = self.handle_ready
+        routes[("GET", "/metrics")] = self.handle_metrics
+        if self.config.admin_enabled:
+            routes[("GET", "/admin/fleet")] = self.handle_admin_fleet
+        return routes
+
+    async def dispatch(
+        self, http_request: HttpRequest, stream: ResponseStream
+    ) -> HttpResponse | None:
+        """The server's handler: one dict lookup, then the route's handler (else a 404)."""
+        handler = self.routes.get((http_request.method, http_request.path))
+        if handler is None:
+            message = f"Invalid URL ({http_request.method} {http_request.path})"
+            return GatewayError(404, message, kind="unknown_url").response()
+        return await handler(http_request, stream)
 
     def _health_changed(self, name: str, is_healthy: bool) -> None:
         self.fleet.set_health(name, is_healthy)
@@ -89,17 +126,21 @@ class Gateway:
 
     # ---- completions ---------------------------------------------------------
     def completion_handler(self, route: str) -> Handler:
-        async def handle(http_request: web.Request) -> web.StreamResponse:
-            return await self.handle_completion(http_request, route)
+        async def handle(http_request: HttpRequest, stream: ResponseStream) -> HttpResponse | None:
+            return await self.handle_completion(http_request, stream, route)
 
         return handle
 
-    async def handle_completion(self, http_request: web.Request, route: str) -> web.StreamResponse:
+    async def handle_completion(
+        self, http_request: HttpRequest, stream: ResponseStream, route: str
+    ) -> HttpResponse | None:
+        """A whole response, or None when the answer was streamed through ``stream``."""
         started_s = time.monotonic()
         model_label = endpoint = ""
+        response: HttpResponse | None
         try:
             authorize(http_request.headers, self.client_api_keys)
-            raw = await read_body(http_request, self.config.admission.max_body_bytes)
+            raw = http_request.body
             parsed = parse_body(raw, route)
             target = self.models.get(parsed.model)
             if target is None:
@@ -116,7 +157,7 @@ class Gateway:
                 started_s=started_s,
                 timeout_s=self.config.admission.request_timeout_s,
             )
-            response, endpoint = await self.proxy.forward(http_request, job)
+            response, endpoint = await self.proxy.forward(stream, job)
         except GatewayError as err:
             self.metrics.errors.labels(err.kind).inc()
             response = err.response()
@@ -130,47 +171,42 @@ class Gateway:
                 type_=SERVER_ERROR,
                 code="internal_error",
             ).response()
-        status = response.status
+        status = 200 if response is None else response.status
         self.metrics.requests.labels(route, model_label, endpoint, str(status)).inc()
         if status < 400:
             self.metrics.e2e.observe(time.monotonic() - started_s)
         return response
 
     # ---- everything else -----------------------------------------------------
-    async def handle_models(self, http_request: web.Request) -> web.StreamResponse:
+    async def handle_models(self, http_request: HttpRequest, _: ResponseStream) -> HttpResponse:
         try:
             authorize(http_request.headers, self.client_api_keys)
         except GatewayError as err:
             return err.response()
-        return web.Response(body=self._models_body, content_type="application/json")
+        return HttpResponse(200, self._models_body)
 
-    async def handle_unknown(self, http_request: web.Request) -> web.StreamResponse:
-        """Any other /v1 path or method: OpenAI's 404 shape instead of aiohttp's text."""
-        message = f"Invalid URL ({http_request.method} {http_request.path})"
-        return GatewayError(404, message, kind="unknown_url").response()
+    async def handle_health(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
+        return HttpResponse(200, b'{"status": "ok"}')
 
-    async def handle_health(self, _: web.Request) -> web.StreamResponse:
-        return web.json_response({"status": "ok"})
-
-    async def handle_ready(self, _: web.Request) -> web.StreamResponse:
+    async def handle_ready(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
         healthy = [n for n, b in self.health.breakers.items() if b.is_closed]
         status = 200 if healthy else 503
         body = {"status": "ready" if healthy else "no healthy backend", "healthy": healthy}
-        return web.json_response(body, status=status)
+        return HttpResponse(status, json.dumps(body).encode())
 
-    async def handle_metrics(self, _: web.Request) -> web.StreamResponse:
+    async def handle_metrics(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        response = web.Response(body=self.metrics.render())
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return response
+        return HttpResponse(200, self.metrics.render(), CONTENT_TYPE_LATEST)
 
-    async def handle_admin_fleet(self, http_request: web.Request) -> web.StreamResponse:
+    async def handle_admin_fleet(
+        self, http_request: HttpRequest, _: ResponseStream
+    ) -> HttpResponse:
         try:
             authorize(http_request.headers, self.client_api_keys)
         except GatewayError as err:
             return err.response()
-        return web.json_response(self.fleet_snapshot())
+        return HttpResponse(200, json.dumps(self.fleet_snapshot()).encode(), JSON_TYPE)
 
     def fleet_snapshot(self) -> dict[str, Any]:
         """The fleet as the router sees it, plus breaker states and scraped engine stats."""
@@ -194,63 +230,73 @@ class Gateway:
             "backends": backends,
         }
 
-    async def run_background(self, app: web.Application) -> AsyncIterator[None]:
-        """cleanup_ctx: the shared client session and the monitoring loops."""
-        limits = [b.max_concurrency for b in self.backends.values()]
-        connector = aiohttp.TCPConnector(
-            limit=sum(limits) + 4 * len(limits),  # admission binds first; probes have room
-            limit_per_host=max(limits) + 4,
-            keepalive_timeout=self.config.backend_keepalive_s,
-            ttl_dns_cache=10,  # follow DNS changes (e.g. a rescheduled pod) within seconds
-        )
-        session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(),  # each request sets its own deadline
+    # ---- lifecycle -------------------------------------------------------------
+    async def start(self, host: str, port: int) -> list[tuple[str, int]]:
+        """Opens the monitoring loops, then listens; returns the bound (host, port) pairs."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit_per_host=4,  # probes and scrapes only: the traffic has its own pools
+                keepalive_timeout=self.config.backend_keepalive_s,
+                ttl_dns_cache=10,  # follow DNS changes (e.g. a rescheduled pod) within seconds
+            ),
             cookie_jar=aiohttp.DummyCookieJar(),  # one backend's cookies must not reach others
         )
-        self.proxy.start(session)
-        loops = [self.health.run(session)]
-        loops += [m.run(session) for m in (self.rtt, self.scraper) if m is not None]
-        tasks = [asyncio.create_task(loop) for loop in loops]
-        self.background_tasks = tasks
-        yield
-        for task in tasks:
+        loops = [self.health.run(self._session)]
+        loops += [m.run(self._session) for m in (self.rtt, self.scraper) if m is not None]
+        self.background_tasks = [asyncio.create_task(loop) for loop in loops]
+        self._server = HttpServer(
+            self.dispatch, max_body_bytes=self.config.admission.max_body_bytes
+        )
+        try:
+            return await self._server.start(host, port)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stops listening, lets in-flight requests finish (up to ``grace_s``), closes the rest."""
+        if self._server is not None:
+            await self._server.close(grace_s)
+            self._server = None
+        for task in self.background_tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await session.close()
+        await asyncio.gather(*self.background_tasks, return_exceptions=True)
+        self.background_tasks = []
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        await self.proxy.close()
 
 
-def _monitors(
-    config: GatewayConfig, backends: Mapping[str, Backend], fleet: FleetView, clock: WallClock
-) -> tuple[RttProber | None, EngineScraper | None]:
-    """The RTT prober and the engine scraper, each only if its interval is set."""
-    rtt = scraper = None
-    if config.rtt_probe_interval_s is not None:
-        rtt = RttProber(
-            backends,
-            fleet,
-            interval_s=config.rtt_probe_interval_s,
-            timeout_s=config.health.timeout_s,
-        )
-    if config.scrape_interval_s is not None:
-        scraper = EngineScraper(
-            backends,
-            fleet,
-            clock,
-            interval_s=config.scrape_interval_s,
-            timeout_s=config.health.timeout_s,
-        )
-    return rtt, scraper
+@dataclass(frozen=True, slots=True)
+class RunningGateway:
+    """A started gateway and its base URL (``http://host:port``)."""
+
+    url: str
+    gateway: Gateway
 
 
-def _models_body(models: dict[str, str]) -> bytes:
-    """The /v1/models answer, built once: served models first, then aliases."""
-    created = int(time.time())
-    data = [
-        {"id": name, "object": "model", "created": created, "owned_by": "longroute"}
-        for name in models
-    ]
-    return json.dumps({"object": "list", "data": data}).encode()
+@asynccontextmanager
+async def serve_gateway(
+    config: GatewayConfig,
+    secrets: GatewaySecrets | None = None,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+) -> AsyncIterator[RunningGateway]:
+    """Runs a gateway for the ``async with`` block (port 0 picks a free one).
+
+    ``secrets`` default to the environment (see resolve_secrets); host and port to
+    the config's ``listen``.
+    """
+    gateway = Gateway(config, secrets if secrets is not None else resolve_secrets(config))
+    bind_host = host if host is not None else config.listen.host
+    addresses = await gateway.start(bind_host, port if port is not None else config.listen.port)
+    try:
+        bound_host, bound_port = addresses[0]
+        yield RunningGateway(f"http://{bound_host}:{bound_port}", gateway)
+    finally:
+        await gateway.stop()
 
 
 def _model_not_found(model: str) -> GatewayError:
@@ -263,25 +309,4 @@ def _model_not_found(model: str) -> GatewayError:
     )
 
 
-GATEWAY_KEY = web.AppKey("longroute_gateway", Gateway)
-
-
-def create_app(config: GatewayConfig, secrets: GatewaySecrets | None = None) -> web.Application:
-    """The aiohttp application; ``secrets`` default to the environment (see resolve_secrets)."""
-    gateway = Gateway(config, secrets if secrets is not None else resolve_secrets(config))
-    app = web.Application(client_max_size=config.admission.max_body_bytes)
-    app[GATEWAY_KEY] = gateway
-    for route in ROUTES:
-        app.router.add_post(route, gateway.completion_handler(route))
-    app.router.add_get("/v1/models", gateway.handle_models)
-    app.router.add_route("*", "/v1/{tail:.*}", gateway.handle_unknown)
-    app.router.add_get("/health", gateway.handle_health)
-    app.router.add_get("/ready", gateway.handle_ready)
-    app.router.add_get("/metrics", gateway.handle_metrics)
-    if config.admin_enabled:
-        app.router.add_get("/admin/fleet", gateway.handle_admin_fleet)
-    app.cleanup_ctx.append(gateway.run_background)
-    return app
-
-
-__all__ = ["GATEWAY_KEY", "Gateway", "create_app"]
+__all__ = ["Gateway", "RunningGateway", "serve_gateway"]

@@ -1,7 +1,7 @@
 """The gateway's backends: config plus everything precomputed for the hot path.
 
-URLs are parsed once (``yarl.URL``) and request headers built once, so
-forwarding a request allocates no per-backend strings.
+URLs are parsed once (``yarl.URL``, for the monitoring GETs) and request
+headers built once, so forwarding a request allocates no per-backend strings.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from yarl import URL
 
 from longroute.gateway.config import BackendConfig, GatewayConfig
-from longroute.gateway.parse import ROUTE_CHAT, ROUTE_COMPLETIONS
 from longroute.types import Endpoint
 
 
@@ -24,7 +23,7 @@ class Backend:
     model: str
     max_concurrency: int
     endpoint: Endpoint
-    route_urls: Mapping[str, URL]
+    base_url: str
     health_url: URL
     metrics_url: URL
     request_headers: Mapping[str, str]
@@ -46,7 +45,7 @@ def build_backend(config: BackendConfig, api_key: str | None) -> Backend:
             max_num_seqs=config.max_concurrency,
             max_model_len_tokens=config.max_model_len_tokens,
         ),
-        route_urls={route: URL(root + route) for route in (ROUTE_CHAT, ROUTE_COMPLETIONS)},
+        base_url=root,
         health_url=URL(root + config.health_path),
         metrics_url=URL(root + config.metrics_path),
         # identity: pass bytes through without (de)compressing them

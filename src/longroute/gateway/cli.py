@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from aiohttp import web
 from rich.console import Console
 from rich.markup import escape
 
 from longroute.config import ConfigError
 from longroute.registry import RegistryError
+
+if TYPE_CHECKING:
+    from longroute.gateway.app import Gateway
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -48,8 +51,8 @@ def serve_command(
     ] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the configured backends."""
-    from longroute.gateway.app import create_app
-    from longroute.gateway.config import load_gateway_config
+    from longroute.gateway.app import Gateway
+    from longroute.gateway.config import load_gateway_config, resolve_secrets
 
     err = Console(stderr=True, soft_wrap=True)
     if log_level not in LOG_LEVELS:
@@ -57,7 +60,7 @@ def serve_command(
         raise typer.Exit(code=2)
     try:
         gateway_config = load_gateway_config(config)
-        app = create_app(gateway_config)
+        gateway = Gateway(gateway_config, resolve_secrets(gateway_config))
     except (ConfigError, RegistryError, ValueError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
@@ -70,38 +73,35 @@ def serve_command(
         "router %s, %d backend(s)", gateway_config.router.name, len(gateway_config.backends)
     )
     try:
-        _run(app, bind_host, bind_port)
+        _run(gateway, bind_host, bind_port)
     except OSError as exc:  # e.g. the port is taken
         where = escape(f"{bind_host}:{bind_port}")
         err.print(f"[bold red]error:[/] cannot listen on {where}: {escape(str(exc.strerror))}")
         raise typer.Exit(code=1) from None
 
 
-def _run(app: web.Application, host: str, port: int) -> None:
-    """Serve on a fresh event loop until SIGINT/SIGTERM, then clean up."""
+def _run(gateway: Gateway, host: str, port: int) -> None:
+    """Serve on a fresh event loop until SIGINT/SIGTERM, then stop gracefully."""
     loop = _new_event_loop()
-    main = loop.create_task(_serve(app, host, port))
     try:
-        loop.run_until_complete(main)
-    except (KeyboardInterrupt, web.GracefulExit):  # SIGINT / SIGTERM
-        pass
+        loop.run_until_complete(_serve(gateway, host, port))
     finally:
-        # the signal interrupted the loop, not the task: cancel it so its cleanup runs
-        main.cancel()
-        loop.run_until_complete(asyncio.gather(main, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _serve(app: web.Application, host: str, port: int) -> None:
+async def _serve(gateway: Gateway, host: str, port: int) -> None:
     """Serve until SIGINT/SIGTERM; logs the bound address (the real port when 0 was asked)."""
-    # no access log: a log line per request costs more than the routing decision
-    runner = web.AppRunner(app, access_log=None, handle_signals=True)
-    await runner.setup()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
     try:
-        await web.TCPSite(runner, host, port, backlog=1024).start()
-        for address in runner.addresses:
-            logging.getLogger("longroute.gateway").info("listening on http://%s:%d", *address[:2])
-        await asyncio.Event().wait()
+        for address in await gateway.start(host, port):
+            logging.getLogger("longroute.gateway").info("listening on http://%s:%d", *address)
+        await stopping.wait()
+        logging.getLogger("longroute.gateway").info("stopping")
     finally:
-        await runner.cleanup()
+        await gateway.stop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from aiohttp import web
+from longroute.gateway.http_types import JSON_TYPE, HttpResponse
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
@@ -43,13 +43,8 @@ class GatewayError(Exception):
     def body(self) -> bytes:
         return error_body(self.message, self.type_, self.code, self.param)
 
-    def response(self) -> web.Response:
-        return web.Response(
-            status=self.status,
-            body=self.body(),
-            content_type="application/json",
-            headers=self.headers,
-        )
+    def response(self) -> HttpResponse:
+        return HttpResponse(self.status, self.body(), JSON_TYPE, self.headers)
 
 
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:

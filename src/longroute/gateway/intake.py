@@ -1,4 +1,4 @@
-"""Intake: from an HTTP request to a :class:`Job` (auth, body limit, the longroute Request).
+"""Intake: from an HTTP request to a :class:`Job` (auth, the longroute Request).
 
 Called once per client request, before routing; everything here is O(body).
 The Request's LAAR features: ``language`` by :func:`detect_language` on the
@@ -21,8 +21,6 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
-
-from aiohttp import web
 
 from longroute.clock import Clock
 from longroute.context import ContextPilot, ContextRequest
@@ -112,22 +110,6 @@ def authorize(headers: Mapping[str, str], keys: frozenset[str] | None) -> None:
             kind="auth",
             code="invalid_api_key",
         )
-
-
-async def read_body(http_request: web.Request, limit_bytes: int) -> bytes:
-    """The whole body, or a 413 (checked on Content-Length first, then while reading)."""
-    length = http_request.content_length
-    if length is None or length <= limit_bytes:
-        try:
-            return await http_request.read()
-        except web.HTTPRequestEntityTooLarge:
-            pass
-    raise GatewayError(
-        413,
-        f"the request body exceeds {limit_bytes} bytes",
-        kind="body_too_large",
-        code="request_too_large",
-    )
 
 
 class RequestBuilder:

@@ -8,8 +8,9 @@ went out, nothing is replayed: a backend that dies mid-stream ends the
 client's stream with an SSE error event. Every attempt runs under the
 request's deadline, so nothing waits forever.
 
-Streams are relayed chunk by chunk as they arrive (``readany``), without
-parsing or re-serialising them.
+Streams are relayed chunk by chunk as they arrive, without parsing or
+re-serialising them. Backends are reached through one keep-alive
+:class:`~longroute.gateway.upstream.UpstreamPool` each.
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-
-import aiohttp
-from aiohttp import web
 
 from longroute.gateway.admission import Admission, Grant, QueueFullError, QueueTimeoutError
 from longroute.gateway.backends import Backend
@@ -35,17 +33,20 @@ from longroute.gateway.errors import (
     timeout_error,
 )
 from longroute.gateway.health import HealthMonitor
+from longroute.gateway.http_server import ResponseStream
+from longroute.gateway.http_types import HttpResponse
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
+from longroute.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER
 from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request
 
 log = logging.getLogger("longroute.gateway")
 
-BACKEND_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+BACKEND_ERRORS = (UpstreamError, TimeoutError, OSError)
 MAX_ERROR_DETAIL_CHARS = 300
-# how long past its deadline a stream may wait on a client that does not read
+# how long the error event of a broken stream may wait on a client that does not read
 STALLED_CLIENT_GRACE_S = 1.0
 
 
@@ -80,20 +81,38 @@ class Proxy:
         health: HealthMonitor,
         metrics: GatewayMetrics,
         config: AdmissionConfig,
+        *,
+        keepalive_s: float,
     ) -> None:
         self.backends = backends
         self.admission = admission
         self.health = health
         self.metrics = metrics
         self.config = config
-        self._session: aiohttp.ClientSession | None = None
+        self._pools = {
+            name: UpstreamPool(
+                b.base_url,
+                connect_timeout_s=config.connect_timeout_s,
+                keepalive_s=keepalive_s,
+                default_headers=b.request_headers,
+            )
+            for name, b in backends.items()
+        }
+        self._headers = {name: _backend_headers(b) for name, b in backends.items()}
+        self._stream_headers = {
+            name: {**h, "Cache-Control": "no-cache"} for name, h in self._headers.items()
+        }
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        """Called at application start-up, when the event loop runs."""
-        self._session = session
+    async def close(self) -> None:
+        """Called at shut-down: closes every pooled backend connection."""
+        for pool in self._pools.values():
+            await pool.close()
 
-    async def forward(self, http_request: web.Request, job: Job) -> tuple[web.StreamResponse, str]:
-        """Serve ``job``; returns the response and the backend that gave it. Raises GatewayError."""
+    async def forward(self, stream: ResponseStream, job: Job) -> tuple[HttpResponse | None, str]:
+        """Serve ``job``: a whole response, or None when it was streamed through ``stream``.
+
+        Returns the backend that answered too. Raises GatewayError.
+        """
         request = job.request
         failure: _Failure | None = None
         for attempt_index in range(self.config.max_retries + 1):
@@ -101,7 +120,7 @@ class Proxy:
                 self.metrics.retries.inc()
             grant = await self._acquire(job, request, failure)
             backend = self.backends[grant.endpoint]
-            result = await self._attempt(http_request, job, request, backend)
+            result = await self._attempt(stream, job, request, backend)
             if not isinstance(result, _Failure):
                 return result, backend.name
             failure = result
@@ -163,12 +182,12 @@ class Proxy:
         )
 
     async def _attempt(
-        self, http_request: web.Request, job: Job, request: Request, backend: Backend
-    ) -> web.StreamResponse | _Failure:
+        self, stream: ResponseStream, job: Job, request: Request, backend: Backend
+    ) -> HttpResponse | _Failure | None:
         """One try on ``backend``; always gives its slot back."""
         outcome = _Outcome()
         try:
-            return await self._exchange(http_request, job, request, backend, outcome)
+            return await self._exchange(stream, job, request, backend, outcome)
         finally:
             self.admission.finish(
                 request, backend.name, has_first_byte=outcome.has_first_byte, is_ok=outcome.is_ok
@@ -176,119 +195,91 @@ class Proxy:
 
     async def _exchange(
         self,
-        http_request: web.Request,
+        stream: ResponseStream,
         job: Job,
         request: Request,
         backend: Backend,
         outcome: _Outcome,
-    ) -> web.StreamResponse | _Failure:
-        assert self._session is not None, "Proxy.start() was not called"
-        timeout = aiohttp.ClientTimeout(
-            total=max(job.seconds_left(), 0.001), sock_connect=self.config.connect_timeout_s
-        )
+    ) -> HttpResponse | _Failure | None:
+        pool = self._pools[backend.name]
         try:
-            response = await self._session.post(
-                backend.route_urls[job.route],
-                data=job.body_for(backend),
-                headers=backend.request_headers,
-                timeout=timeout,
-            )
+            async with asyncio.timeout(max(job.seconds_left(), 0.001)):
+                response = await pool.request("POST", job.route, job.body_for(backend))
+                try:
+                    if response.status >= 500:
+                        detail = await _error_detail(response)
+                        self.health.record(backend.name, False)
+                        return _Failure("backend_5xx", f"{backend.name} answered HTTP {detail}")
+                    if job.parsed.is_stream and response.status == 200:
+                        chunk = await response.next_chunk()
+                        if not chunk:
+                            self.health.record(backend.name, False)
+                            return _Failure(
+                                "backend_empty", f"{backend.name} ended the stream before any byte"
+                            )
+                    else:
+                        return await self._relay_whole(backend, response, outcome)
+                except BaseException:
+                    response.release()  # an unfinished response closes its connection
+                    raise
         except BACKEND_ERRORS as exc:
-            return self._backend_failed(job, backend, "backend_connect", exc)
+            return self._backend_failed(job, backend, exc)
         try:
-            if response.status >= 500:
-                detail = await _error_detail(response)
-                self.health.record(backend.name, False)
-                return _Failure("backend_5xx", f"{backend.name} answered HTTP {detail}")
-            if job.parsed.is_stream and response.status == 200:
-                return await self._relay_stream(
-                    http_request, job, request, backend, response, outcome
-                )
-            return await self._relay_whole(job, backend, response, outcome)
+            await self._relay_stream(stream, job, request, backend, response, chunk, outcome)
         finally:
-            response.close()  # a no-op after a complete read; else drops the connection
+            response.release()
+        return None
 
-    def _backend_failed(
-        self, job: Job, backend: Backend, kind: str, exc: BaseException
-    ) -> _Failure:
+    def _backend_failed(self, job: Job, backend: Backend, exc: BaseException) -> _Failure:
         if job.seconds_left() <= 0:
             raise timeout_error(job.request.request_id)
         self.health.record(backend.name, False)
+        kind = "backend_connect"
+        if isinstance(exc, UpstreamError) and exc.kind != "connect":
+            kind = "backend_disconnect"
         return _Failure(kind, f"{backend.name}: {type(exc).__name__}: {exc}")
 
     async def _relay_whole(
-        self, job: Job, backend: Backend, response: aiohttp.ClientResponse, outcome: _Outcome
-    ) -> web.StreamResponse | _Failure:
-        try:
-            data = await response.read()
-        except BACKEND_ERRORS as exc:
-            return self._backend_failed(job, backend, "backend_disconnect", exc)
+        self, backend: Backend, response: UpstreamResponse, outcome: _Outcome
+    ) -> HttpResponse:
+        data = await response.read()
         self.health.record(backend.name, True)
         outcome.is_ok = response.status < 400
-        return web.Response(
-            status=response.status, body=data, headers=_response_headers(response, backend)
+        return HttpResponse(
+            response.status, data, response.content_type, self._headers[backend.name]
         )
 
     async def _relay_stream(
         self,
-        http_request: web.Request,
+        stream: ResponseStream,
         job: Job,
         request: Request,
         backend: Backend,
-        response: aiohttp.ClientResponse,
+        response: UpstreamResponse,
+        chunk: bytes,
         outcome: _Outcome,
-    ) -> web.StreamResponse | _Failure:
-        content = response.content
-        try:
-            chunk = await content.readany()
-        except BACKEND_ERRORS as exc:
-            return self._backend_failed(job, backend, "backend_disconnect", exc)
-        if not chunk:
-            self.health.record(backend.name, False)
-            return _Failure("backend_empty", f"{backend.name} ended the stream before any byte")
+    ) -> None:
+        """Bytes reached us: from here on nothing is replayed, whatever happens."""
         outcome.has_first_byte = True
         self.admission.first_byte(request, backend.name)
         self.metrics.ttft.observe(time.monotonic() - job.started_s)
-        headers = _response_headers(response, backend)
-        headers["Cache-Control"] = "no-cache"
-        out = web.StreamResponse(status=200, headers=headers)
+        stream.start(200, self._stream_headers[backend.name], response.content_type)
         try:
-            # the deadline bounds reading the backend (its ClientTimeout); this bounds
-            # writing to a client that stopped reading, which would hold the slot forever
-            async with asyncio.timeout(max(job.seconds_left(), 0.0) + STALLED_CLIENT_GRACE_S):
-                outcome.is_ok = await self._pipe(http_request, job, backend, content, chunk, out)
-        except TimeoutError:
-            self.metrics.errors.labels("client_stalled").inc()
-            if http_request.transport is not None:
-                http_request.transport.close()
-        except ConnectionResetError:  # the client went away; closing drops the backend too
+            # the deadline bounds both a silent backend and a client that stopped reading
+            async with asyncio.timeout(max(job.seconds_left(), 0.0)):
+                while chunk:
+                    await stream.write(chunk)
+                    chunk = await response.next_chunk()
+            await stream.end()
+            self.health.record(backend.name, True)
+            outcome.is_ok = True
+        except ConnectionResetError:  # the client went away; release() drops the backend too
             self.metrics.errors.labels("client_disconnect").inc()
-        return out
-
-    async def _pipe(
-        self,
-        http_request: web.Request,
-        job: Job,
-        backend: Backend,
-        content: aiohttp.StreamReader,
-        chunk: bytes,
-        out: web.StreamResponse,
-    ) -> bool:
-        """Relay bytes as they arrive until the backend's end; True if it ended cleanly."""
-        await out.prepare(http_request)
-        while chunk:
-            await out.write(chunk)
-            try:
-                chunk = await content.readany()
-            except BACKEND_ERRORS as exc:
-                await self._end_broken_stream(job, backend, out, exc)
-                return False
-        await out.write_eof()
-        self.health.record(backend.name, True)
-        return True
+        except (UpstreamError, TimeoutError) as exc:
+            await self._end_broken_stream(stream, job, backend, exc)
 
     async def _end_broken_stream(
-        self, job: Job, backend: Backend, out: web.StreamResponse, exc: BaseException
+        self, stream: ResponseStream, job: Job, backend: Backend, exc: BaseException
     ) -> None:
         """The backend failed after bytes reached the client: say so, close, never replay."""
         if job.seconds_left() <= 0:
@@ -298,21 +289,23 @@ class Proxy:
             self.health.record(backend.name, False)
         self.metrics.errors.labels(kind).inc()
         log.warning("%s: %s (%s: %s)", job.request.request_id, message, type(exc).__name__, exc)
-        await out.write(b"\n\n" + sse_error_event(message, kind))
-        await out.write_eof()
+        try:  # a client that does not read gets its connection closed instead
+            async with asyncio.timeout(STALLED_CLIENT_GRACE_S):
+                await stream.write(b"\n\n" + sse_error_event(message, kind))
+                await stream.end()
+        except (TimeoutError, ConnectionResetError):
+            if isinstance(exc, TimeoutError):
+                self.metrics.errors.labels("client_stalled").inc()
+            stream.abort()
 
 
-def _response_headers(response: aiohttp.ClientResponse, backend: Backend) -> dict[str, str]:
-    return {
-        "Content-Type": response.headers.get("Content-Type", "application/json"),
-        ENDPOINT_HEADER: backend.name,
-        MODEL_HEADER: backend.model,
-    }
+def _backend_headers(backend: Backend) -> dict[str, str]:
+    return {ENDPOINT_HEADER: backend.name, MODEL_HEADER: backend.model}
 
 
-async def _error_detail(response: aiohttp.ClientResponse) -> str:
+async def _error_detail(response: UpstreamResponse) -> str:
     try:
         text = (await response.read()).decode(errors="replace")
-    except BACKEND_ERRORS:
+    except UpstreamError:
         text = ""
     return f"{response.status}: {text[:MAX_ERROR_DETAIL_CHARS]}".rstrip(": ")
