@@ -14,7 +14,7 @@ It prints req/s, p50/p99 latency and the p50 added over direct per target,
 streamed and not (medians of ``--repeat`` interleaved rounds), and the ratios
 to sglang-router; the last line is one JSON object.
 
-    python benchmarks/gateway_overhead.py [--seconds 5] [--repeat 3] [--concurrency 32]
+    python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -164,9 +164,9 @@ def _gateway_config(path: Path, port: int, backend_url: str, router: str) -> Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument("--no-sglang", action="store_true", help="skip sglang-router")
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)

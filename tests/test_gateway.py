@@ -498,6 +498,8 @@ async def test_malformed_requests_get_openai_style_4xx() -> None:
         unknown_url = await fleet.post("/v1/embeddings", b"{}")
         async with fleet.http.get(fleet.url + "/v1/chat/completions") as response:
             wrong_method = response.status, await response.json()
+        # the server answers the oversize body itself; it is counted all the same
+        too_large = await fleet.metric("longroute_errors_total", kind="body_too_large")
     for (data, want_status, want_param), (status, headers, body) in zip(
         cases, answers, strict=True
     ):
@@ -509,6 +511,7 @@ async def test_malformed_requests_get_openai_style_4xx() -> None:
     assert json.loads(answers[-1][2])["error"]["code"] == "model_not_found"
     assert big_status == 413
     assert json.loads(big_body)["error"]["code"] == "request_too_large"
+    assert too_large == 1
     assert (no_prompt[0], json.loads(no_prompt[2])["error"]["param"]) == (400, "prompt")
     assert (unknown_url[0], json.loads(unknown_url[2])["error"]["message"]) == (
         404,

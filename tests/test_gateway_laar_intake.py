@@ -54,6 +54,27 @@ def test_prompts_without_letters_have_no_language() -> None:
     assert build(raw, route=ROUTE_COMPLETIONS).language is None
 
 
+def test_language_is_detected_only_for_routers_that_read_it() -> None:
+    from longroute.gateway import Gateway, GatewaySecrets
+    from longroute.routing import ROUTERS
+    from longroute.routing.laar import LaarRouter
+
+    config = {"backends": [{"name": "a", "url": "http://10.0.0.1:8000", "model": "m"}]}
+    quiet = RequestBuilder(
+        parse_gateway_config(config, "fleet.yaml"),
+        SimClock(),
+        is_hashing=False,
+        is_detecting_language=False,
+    )
+    raw = chat("次の文章を三つの文で要約してください。")
+    assert quiet.build(parse_body(raw, ROUTE_CHAT), "m", {}).language is None
+    assert LaarRouter.needs_language
+    assert not ROUTERS.build("round-robin", {}).needs_language
+    gateway_config = parse_gateway_config({**config, "router": {"name": "round-robin"}}, "f.yaml")
+    gateway = Gateway(gateway_config, GatewaySecrets({}, None))
+    assert not gateway.requests.is_detecting_language
+
+
 @pytest.mark.parametrize("language", KV_LANGUAGES)
 def test_language_of_long_kv_prompts_from_their_question(language: Language) -> None:
     text = build_kv_prompt(0, 65536, language).text
@@ -112,6 +133,7 @@ async def test_routers_see_language_and_task_through_the_gateway() -> None:
     async with running_fleet(a, default_task="summarise") as fleet:
         recorder = RecordingRouter(fleet.gateway.admission.router)
         fleet.gateway.admission.router = recorder
+        fleet.gateway.requests.is_detecting_language = recorder.needs_language
         prompt = build_kv_prompt(1, 4096, Language.CJK)
         body = {"model": MODEL, "messages": [{"role": "user", "content": prompt.text}]}
         raw = json.dumps(body).encode()

@@ -161,6 +161,7 @@ class RecordingRouter:
         self.inner = inner
         self.name = inner.name
         self.needs_prefix_index = inner.needs_prefix_index
+        self.needs_language = True  # sees what a router that reads the language sees
         self.requests: list[Request] = []
 
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision:
@@ -169,6 +170,9 @@ class RecordingRouter:
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
         self.inner.on_dispatch(request, endpoint, now_s)
+
+    def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None:
+        self.inner.on_first_token(request, endpoint, now_s)
 
     def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
         self.inner.on_complete(request, endpoint, now_s, is_ok)

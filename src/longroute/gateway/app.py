@@ -89,7 +89,10 @@ class Gateway:
         self.models.update(config.model_aliases)
         self._models_body = models_body(self.models)
         self.requests = RequestBuilder(
-            config, self.clock, is_hashing=self.router.needs_prefix_index
+            config,
+            self.clock,
+            is_hashing=self.router.needs_prefix_index,
+            is_detecting_language=self.router.needs_language,
         )
         reuse = config.context_reuse
         self.context = ContextReuse(reuse, self.metrics) if reuse.enabled else None
@@ -172,7 +175,7 @@ class Gateway:
                 code="internal_error",
             ).response()
         status = 200 if response is None else response.status
-        self.metrics.requests.labels(route, model_label, endpoint, str(status)).inc()
+        self.metrics.count_request(route, model_label, endpoint, status)
         if status < 400:
             self.metrics.e2e.observe(time.monotonic() - started_s)
         return response
@@ -245,13 +248,20 @@ class Gateway:
         loops += [m.run(self._session) for m in (self.rtt, self.scraper) if m is not None]
         self.background_tasks = [asyncio.create_task(loop) for loop in loops]
         self._server = HttpServer(
-            self.dispatch, max_body_bytes=self.config.admission.max_body_bytes
+            self.dispatch,
+            max_body_bytes=self.config.admission.max_body_bytes,
+            on_reject=self._count_rejected,
         )
         try:
             return await self._server.start(host, port)
         except BaseException:
             await self.stop()
             raise
+
+    def _count_rejected(self, code: str) -> None:
+        """The server answered 400/413 itself (malformed HTTP, body over the limit)."""
+        kind = "body_too_large" if code == "request_too_large" else "bad_request"
+        self.metrics.errors.labels(kind).inc()
 
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stops listening, lets in-flight requests finish (up to ``grace_s``), closes the rest."""

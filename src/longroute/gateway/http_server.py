@@ -286,6 +286,8 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, status: int, message: str, code: str) -> None:
         self._is_stopped = True
+        if self.server.on_reject is not None:
+            self.server.on_reject(code)
         data = wire.error_response(status, message, code, server=self.server_line)
         if self._task is None and not self._pending:
             self._write_and_linger(data)
@@ -367,7 +369,11 @@ class HttpServer:
         max_body_bytes: int,
         keepalive_timeout_s: float = 75.0,
         server_header: str | None = "longroute",
+        on_reject: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_reject(code)`` is called when the server itself answers a request with an
+        error (``malformed_request``, ``upgrade_not_supported``, ``request_too_large``),
+        before the handler ever sees it."""
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
         if keepalive_timeout_s <= 0:
@@ -376,6 +382,7 @@ class HttpServer:
         self.max_body_bytes = max_body_bytes
         self.keepalive_timeout_s = keepalive_timeout_s
         self.server_line = wire.server_line(server_header)
+        self.on_reject = on_reject
         self.connections: set[Connection] = set()
         self.is_closing = False
         self._server: asyncio.Server | None = None

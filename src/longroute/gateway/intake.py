@@ -117,14 +117,24 @@ class RequestBuilder:
 
     ``is_hashing``: compute prefix block hashes (about 0.7 us per block); the
     gateway turns it on only for routers that use the prefix index.
+    ``is_detecting_language``: fill ``language`` (a few us); on only for
+    routers that read it (``needs_language``).
     """
 
-    def __init__(self, config: GatewayConfig, clock: Clock, *, is_hashing: bool) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        clock: Clock,
+        *,
+        is_hashing: bool,
+        is_detecting_language: bool = True,
+    ) -> None:
         self.block_size_tokens = config.block_size_tokens
         self.chars_per_token = config.chars_per_token
         self.default_max_tokens = config.admission.default_max_tokens
         self.default_task = config.default_task
         self.is_hashing = is_hashing
+        self.is_detecting_language = is_detecting_language
         self._clock = clock
         self._ids = itertools.count(1)
 
@@ -142,7 +152,8 @@ class RequestBuilder:
                 self.chars_per_token,
                 is_hashing=self.is_hashing,
             )
-            language = detect_language(parsed.prompt_text)
+            if self.is_detecting_language:
+                language = detect_language(parsed.prompt_text)
         tried = tried_models(headers.get(TRIED_HEADER))
         max_tokens = parsed.max_output_tokens or self.default_max_tokens
         return Request(

@@ -11,6 +11,7 @@ path nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -36,6 +37,8 @@ LATENCY_BUCKETS_S = (
     300.0,
     600.0,
 )
+# label sets whose counter child is kept at hand (model labels come from clients)
+MAX_CACHED_LABEL_SETS = 4096
 DECISION_BUCKETS_S = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
 
 
@@ -94,6 +97,18 @@ class GatewayMetrics:
             registry=registry,
         )
         registry.register(_LiveCollector(fleet, queue_depth))
+        self._request_counts: dict[tuple[str, str, str, int], Any] = {}
+
+    def count_request(self, route: str, model: str, endpoint: str, status: int) -> None:
+        """One answered request; the labelled child is looked up once per label set."""
+        key = (route, model, endpoint, status)
+        child = self._request_counts.get(key)
+        if child is None:
+            if len(self._request_counts) >= MAX_CACHED_LABEL_SETS:
+                self._request_counts.clear()
+            child = self.requests.labels(route, model, endpoint, str(status))
+            self._request_counts[key] = child
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -27,6 +27,7 @@ from longroute.types import Request, RouteDecision
 class Router(Protocol):
     name: str
     needs_prefix_index: bool
+    needs_language: bool
 
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision: ...
 
@@ -41,11 +42,14 @@ class BaseRouter:
     """Convenience base: no-op hooks and an injected RNG.
 
     ``needs_prefix_index`` tells the fleet view's owner whether to keep the
-    router-side prefix index up to date (it costs time per dispatch).
+    router-side prefix index up to date (it costs time per dispatch);
+    ``needs_language`` tells the gateway whether to detect each prompt's
+    language (the simulator's workloads carry it anyway).
     """
 
     name = "base"
     needs_prefix_index = False
+    needs_language = False
 
     def __init__(self, *, rng: random.Random | None = None) -> None:
         self.rng = rng if rng is not None else random.Random(0)

@@ -77,6 +77,7 @@ class LaarRouter(BaseRouter):
 
     name = "laar"
     needs_prefix_index = False
+    needs_language = True
     needs_capability = True
 
     def __init__(
