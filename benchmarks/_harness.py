@@ -59,15 +59,48 @@ def wait_ready(
     raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s{tail()}")
 
 
-def measure(url: str, seconds: float, concurrency: int) -> dict[str, dict[str, float]]:
-    """Closed-loop load on ``url`` in a separate process, streamed and not."""
+def measure(
+    url: str, seconds: float, concurrency: int, cpu_pid: int | None = None
+) -> dict[str, dict[str, float]]:
+    """Closed-loop load on ``url`` in a separate process, streamed and not.
+
+    With ``cpu_pid`` (and /proc, i.e. Linux), each mode also gets ``cpu_us_per_req``:
+    the CPU time (user + system) that process and its children spent per answered
+    request during the load.
+    """
     out = {}
     for mode in MODES:
         cmd = [sys.executable, str(LOAD_SCRIPT), "--load", url, "--mode", mode,
                "--seconds", str(seconds), "--concurrency", str(concurrency)]  # fmt: skip
+        cpu_before_s = process_tree_cpu_s(cpu_pid) if cpu_pid is not None else None
         res = subprocess.run(cmd, check=True, capture_output=True, text=True)
         out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+        if cpu_before_s is not None and cpu_pid is not None:
+            cpu_after_s = process_tree_cpu_s(cpu_pid)
+            num_requests = out[mode]["num_requests"]
+            if cpu_after_s is not None and num_requests:
+                out[mode]["cpu_us_per_req"] = 1e6 * (cpu_after_s - cpu_before_s) / num_requests
     return out
+
+
+def process_tree_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` and its direct children, from /proc; None
+    where /proc is missing (not Linux)."""
+    proc = Path("/proc")
+    if not (proc / str(pid) / "stat").exists():
+        return None
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    total_s = 0.0
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # the command name (field 2) may hold spaces: split after its closing parenthesis
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        this_pid, parent = int(stat.parent.name), int(fields[1])
+        if this_pid == pid or parent == pid:
+            total_s += (int(fields[11]) + int(fields[12])) * tick_s
+    return total_s
 
 
 def median_runs(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:

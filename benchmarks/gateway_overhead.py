@@ -11,7 +11,8 @@ one JSON body), and 32 closed-loop clients against
   under ``~/.cache/longroute/sglang-router-0.3.2`` on first use.
 
 It prints req/s, p50/p99 latency and the p50 added over direct per target,
-streamed and not (medians of ``--repeat`` interleaved rounds), and the ratios
+streamed and not (medians of ``--repeat`` interleaved rounds), the CPU time
+each proxy process spent per request (from /proc, on Linux), and the ratios
 to sglang-router; the last line is one JSON object.
 
     python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
@@ -193,6 +194,7 @@ def _run_all(args: argparse.Namespace) -> None:
                             tmp / "backend.log"))  # fmt: skip
         wait_ready(f"{backend}/health", procs[-1])
         targets = {"direct": backend}
+        pids: dict[str, int | None] = {"direct": None}
         for router in ("round-robin", "prefix-cache"):
             port = free_port()
             cfg = tmp / f"gw-{router}.yaml"
@@ -201,6 +203,7 @@ def _run_all(args: argparse.Namespace) -> None:
                                  "--log-level", "warning"], tmp / f"gw-{router}.log"))  # fmt: skip
             wait_ready(f"http://127.0.0.1:{port}/ready", procs[-1])
             targets[f"longroute {router}"] = f"http://127.0.0.1:{port}"
+            pids[f"longroute {router}"] = procs[-1].pid
         if not args.no_sglang:
             port = free_port()
             procs.append(start([str(_sglang_python()), "-m", "sglang_router.launch_router",
@@ -209,11 +212,14 @@ def _run_all(args: argparse.Namespace) -> None:
                                 tmp / "sglang.log"))  # fmt: skip
             wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
             targets["sglang-router"] = f"http://127.0.0.1:{port}"
+            pids["sglang-router"] = procs[-1].pid
         runs: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label in targets}
         for _ in range(args.repeat):  # interleaved rounds: drift hits every target alike
             for label, base in targets.items():
                 runs[label].append(
-                    measure(f"{base}/v1/chat/completions", args.seconds, args.concurrency)
+                    measure(
+                        f"{base}/v1/chat/completions", args.seconds, args.concurrency, pids[label]
+                    )
                 )
         for label in targets:
             results[label] = median_runs(runs[label])
@@ -230,9 +236,10 @@ def _print_target(label: str, res: dict[str, dict[str, float]],
     for mode, r in res.items():
         added = r["p50_ms"] - direct[mode]["p50_ms"] if direct else 0.0
         r["added_p50_ms"] = added
+        cpu = f"  cpu {r['cpu_us_per_req']:5.0f} us/req" if "cpu_us_per_req" in r else ""
         print(f"{label:>24} {mode:>10}: {r['req_per_s']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  "
               f"p99 {r['p99_ms']:6.2f} ms  added p50 {added:6.2f} ms  "
-              f"errors {r['num_errors']:.0f}", flush=True)  # fmt: skip
+              f"errors {r['num_errors']:.0f}{cpu}", flush=True)  # fmt: skip
 
 
 def _print_ratios(results: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -246,8 +253,12 @@ def _print_ratios(results: dict[str, dict[str, dict[str, float]]]) -> None:
             b = base[mode]
             tput = r["req_per_s"] / b["req_per_s"]
             r["throughput_vs_sglang"] = tput
+            cpu = ""
+            if "cpu_us_per_req" in r and "cpu_us_per_req" in b:
+                r["cpu_vs_sglang"] = r["cpu_us_per_req"] / b["cpu_us_per_req"]
+                cpu = f", CPU per request {r['cpu_vs_sglang']:.2f}x"
             print(f"{label} {mode}: throughput {tput:.2f}x sglang-router, added p50 "
-                  f"{r['added_p50_ms']:.2f} ms vs {b['added_p50_ms']:.2f} ms")  # fmt: skip
+                  f"{r['added_p50_ms']:.2f} ms vs {b['added_p50_ms']:.2f} ms{cpu}")  # fmt: skip
     print("(medians of interleaved rounds; the machine is shared, so compare ratios)")
 
 

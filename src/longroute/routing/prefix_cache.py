@@ -6,9 +6,11 @@ import random
 
 from longroute.routing.base import ROUTERS, BaseRouter
 from longroute.routing.fleet_view import FleetView
-from longroute.types import EndpointState, Request, RouteDecision
+from longroute.types import Request, RouteDecision
 
 LOAD_METRICS = ("requests", "tokens")
+_HIT_MEANING = "minus matched prefix blocks, lower is better; ties by load"
+_TREE_MEANING = "blocks held in the router's prefix tree, lower is better; ties by load"
 
 
 @ROUTERS.register("prefix-cache")
@@ -67,53 +69,64 @@ class PrefixCacheRouter(BaseRouter):
             balance_abs_threshold_tokens if self.is_token_load else balance_abs_threshold
         )
 
-    def _load(self, state: EndpointState) -> int:
-        if self.is_token_load:
-            return state.num_queued_tokens
-        return state.num_inflight_requests
-
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision:
         candidates = fleet.candidates(request)
-        loads = {s.endpoint.name: self._load(s) for s in candidates}
-        max_load = max(loads.values())
-        min_load = min(loads.values())
+        if self.is_token_load:
+            loads = {s.endpoint.name: s.num_queued_tokens for s in candidates}
+        else:
+            loads = {s.endpoint.name: s.num_inflight_requests for s in candidates}
+        values = loads.values()
+        max_load = max(values)
+        min_load = min(values)
         if (
             max_load - min_load > self.abs_threshold
             and max_load > self.balance_rel_threshold * min_load
         ):
-            chosen = min(loads, key=loads.__getitem__)  # first minimum in fleet order
-            return RouteDecision(
-                endpoint=chosen,
-                scores={name: float(load) for name, load in loads.items()},
-                score_meaning=f"load ({self.load_metric}), lower is better",
-                reason=(
-                    f"imbalance guard: load spread {min_load}..{max_load} exceeds "
-                    f"abs {self.abs_threshold} and rel {self.balance_rel_threshold}"
-                ),
-            )
-        num_blocks = len(request.block_hashes)
-        matched = fleet.prefix_index.match(request.block_hashes) if num_blocks else {}
-        best_match = max((matched.get(name, 0) for name in loads), default=0)
-        if num_blocks and best_match / num_blocks >= self.cache_threshold:
-            chosen = min(loads, key=lambda name: (-matched.get(name, 0), loads[name]))
-            return RouteDecision(
-                endpoint=chosen,
-                scores={name: -float(matched.get(name, 0)) for name in loads},
-                score_meaning="minus matched prefix blocks, lower is better; ties by load",
-                reason=(
-                    f"cache hit: {best_match}/{num_blocks} blocks matched "
-                    f">= {self.cache_threshold}; load {loads[chosen]} ({self.load_metric})"
-                ),
-            )
+            return self._balance(loads, min_load, max_load)
+        block_hashes = request.block_hashes
+        num_blocks = len(block_hashes)
         index = fleet.prefix_index
+        if num_blocks:
+            matched = index.match(block_hashes)
+            best_match = max((matched.get(name, 0) for name in loads), default=0)
+            if best_match / num_blocks >= self.cache_threshold:
+                return self._hit(loads, matched, best_match, num_blocks)
+        else:
+            best_match = 0
         tree_blocks = {name: index.num_blocks(name) for name in loads}
         chosen = min(loads, key=lambda name: (tree_blocks[name], loads[name]))
         return RouteDecision(
             endpoint=chosen,
             scores={name: float(blocks) for name, blocks in tree_blocks.items()},
-            score_meaning="blocks held in the router's prefix tree, lower is better; ties by load",
+            score_meaning=_TREE_MEANING,
             reason=(
                 f"cache miss: best match {best_match}/{num_blocks} blocks "
                 f"< {self.cache_threshold}; emptiest tree ({tree_blocks[chosen]} blocks)"
+            ),
+        )
+
+    def _balance(self, loads: dict[str, int], min_load: int, max_load: int) -> RouteDecision:
+        chosen = min(loads, key=loads.__getitem__)  # first minimum in fleet order
+        return RouteDecision(
+            endpoint=chosen,
+            scores={name: float(load) for name, load in loads.items()},
+            score_meaning=f"load ({self.load_metric}), lower is better",
+            reason=(
+                f"imbalance guard: load spread {min_load}..{max_load} exceeds "
+                f"abs {self.abs_threshold} and rel {self.balance_rel_threshold}"
+            ),
+        )
+
+    def _hit(
+        self, loads: dict[str, int], matched: dict[str, int], best_match: int, num_blocks: int
+    ) -> RouteDecision:
+        chosen = min(loads, key=lambda name: (-matched.get(name, 0), loads[name]))
+        return RouteDecision(
+            endpoint=chosen,
+            scores={name: -float(matched.get(name, 0)) for name in loads},
+            score_meaning=_HIT_MEANING,
+            reason=(
+                f"cache hit: {best_match}/{num_blocks} blocks matched "
+                f">= {self.cache_threshold}; load {loads[chosen]} ({self.load_metric})"
             ),
         )
