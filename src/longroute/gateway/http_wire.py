@@ -20,7 +20,7 @@ from longroute.gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from longroute.gateway.http_types import JSON_TYPE
 
 if TYPE_CHECKING:
-    from longroute.gateway.http_server import Connection
+    from longroute.gateway.http_connection import Connection
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LAST_CHUNK = b"0\r\n\r\n"

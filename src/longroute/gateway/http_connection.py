@@ -1,0 +1,290 @@
+"""One client connection of :class:`~longroute.gateway.http_server.HttpServer`.
+
+An asyncio Protocol parsed by httptools. Hot path per request: the parser's
+callbacks fill a header dict and a body, ``on_message_complete`` starts ONE
+handler task, and the handler's whole :class:`HttpResponse` goes out in ONE
+``transport.write`` (bytes from :mod:`longroute.gateway.http_wire`). One handler
+runs at a time: pipelined requests wait in a FIFO (reading paused meanwhile),
+so responses never interleave. The idle timer is one per idle period,
+re-armed lazily. The error path lives in :mod:`longroute.gateway.http_errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, cast
+
+from httptools import (
+    HttpParserCallbackError,
+    HttpParserError,
+    HttpParserUpgrade,
+    HttpRequestParser,
+    parse_url,
+)
+
+from longroute.gateway import http_wire as wire
+from longroute.gateway.http_errors import ConnectionErrors, StopParsing
+from longroute.gateway.http_types import Headers, HttpRequest, HttpResponse
+from longroute.gateway.http_wire import ResponseStream
+
+if TYPE_CHECKING:
+    from longroute.gateway.http_server import HttpServer
+
+log = logging.getLogger("longroute.gateway")
+
+
+class Connection(ConnectionErrors, asyncio.Protocol):
+    """(Internal) one client connection: parser callbacks, request FIFO, flow control, timer."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.server_line = server.server_line
+        self._handler = server.handler
+        self._max_body_bytes = server.max_body_bytes
+        self._loop = asyncio.get_running_loop()
+        self._parser = HttpRequestParser(self)
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._body: bytes | bytearray = b""
+        self._pending: deque[tuple[HttpRequest, bool] | bytes] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_active_s = 0.0
+        self._is_continue_owed = False
+        self._is_stopped = False  # no more requests are parsed on this connection
+        self.is_closed = False
+        self.is_write_paused = False
+
+    # ---- transport events ----
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.server.connections.add(self)
+        if self.server.is_closing:  # accepted just as the server began to close
+            self.close()
+        self._last_active_s = self._loop.time()
+        self._idle_timer = self._loop.call_later(self.server.keepalive_timeout_s, self._on_idle)
+
+    # eof_received is not overridden: a client's FIN closes the connection (clients do not
+    # half-close after a request; a FIN means the user went away, so handlers can stop early).
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.is_closed = True
+        self._is_stopped = True
+        self._pending.clear()
+        self.server.connections.discard(self)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._wake_writer(ConnectionResetError("the client closed the connection"))
+
+    def data_received(self, data: bytes) -> None:
+        if self._is_stopped:
+            return
+        self._last_active_s = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except HttpParserUpgrade:  # unreachable: upgrades stop in on_headers_complete
+            self._fail(400, "protocol upgrade is not supported", "upgrade_not_supported")
+        except HttpParserError as exc:
+            if not self._is_stopped:  # else the stop was ours, its response already queued
+                if isinstance(exc, HttpParserCallbackError):
+                    log.error("HTTP server callback failed", exc_info=exc.__context__)
+                    self._fail(500, "internal server error", "internal_error")
+                else:
+                    self._fail(400, f"malformed HTTP request: {exc}", "malformed_request")
+
+    def pause_writing(self) -> None:
+        self.is_write_paused = True
+
+    def resume_writing(self) -> None:
+        self.is_write_paused = False
+        self._wake_writer(None)
+
+    # ---- parser callbacks ----
+    def on_message_begin(self) -> None:
+        if self._is_stopped:
+            raise StopParsing
+        self._url = b""
+        self._headers = {}
+        self._body = b""
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = wire.HEADER_NAMES.get(name) or name.lower().decode("latin-1")
+        self._headers[key] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        headers = self._headers
+        if self._parser.should_upgrade():
+            self._stop(
+                400, "protocol upgrade (or CONNECT) is not supported", "upgrade_not_supported"
+            )
+        length = headers.get("content-length")
+        if length is not None and int(length) > self._max_body_bytes:
+            self._stop_too_large()
+        expect = headers.get("expect")
+        if expect is not None and expect.lower() == "100-continue":
+            if self._task is None and not self._pending:
+                self.transport.write(wire.CONTINUE)
+            else:
+                self._is_continue_owed = True  # sent when the responses before it are out
+
+    def on_body(self, data: bytes) -> None:
+        body = self._body
+        if not body:
+            self._body = body = data
+        elif type(body) is bytes:
+            self._body = body = bytearray(body)
+            body += data
+        else:
+            body += data
+        if len(body) > self._max_body_bytes:
+            self._stop_too_large()
+
+    def on_message_complete(self) -> None:
+        parser = self._parser
+        body = self._body
+        url = self._url
+        if url[:1] == b"/":
+            path, _, query = url.partition(b"?")
+        else:  # absolute-form (a proxy-style request) or "*"
+            parsed = parse_url(url)
+            path, query = parsed.path or b"/", parsed.query or b""
+        request = HttpRequest(
+            parser.get_method().decode("ascii"),
+            path.decode("latin-1"),
+            query.decode("latin-1"),
+            Headers.from_lower(self._headers),
+            body if type(body) is bytes else bytes(body),
+            parser.get_http_version(),
+        )
+        is_keep_alive = parser.should_keep_alive()
+        self._is_continue_owed = False
+        if not is_keep_alive:
+            self._is_stopped = True
+        if self._task is None and not self._pending:
+            self._start(request, is_keep_alive)
+        else:
+            self._pending.append((request, is_keep_alive))
+            self.transport.pause_reading()
+
+    # ---- requests and responses ----
+    def _start(self, request: HttpRequest, is_keep_alive: bool) -> None:
+        stream = ResponseStream(
+            self,
+            is_head=request.method == "HEAD",
+            is_keep_alive=is_keep_alive,
+            is_chunked=request.http_version != "1.0",
+        )
+        self._task = self._loop.create_task(self._run(request, stream, is_keep_alive))
+
+    async def _run(self, request: HttpRequest, stream: ResponseStream, is_keep_alive: bool) -> None:
+        """The handler task: runs the handler, writes its response, then the next request."""
+        try:
+            response = await self._handler(request, stream)
+            if response is None:
+                if stream._is_started:
+                    await stream.end()
+                elif not self.is_closed:
+                    raise RuntimeError("handler returned None without starting the stream")
+                is_keep_alive = stream._is_keep_alive and stream._is_started
+            elif stream._is_started:
+                raise RuntimeError("handler returned a response after starting the stream")
+            else:
+                is_keep_alive = self._write_whole(request, response, is_keep_alive)
+        except Exception as exc:
+            self._on_handler_error(request, stream, exc)
+            is_keep_alive = False
+        except BaseException:  # cancelled (the loop is shutting down): drop the connection
+            self._task = None
+            self.abort()
+            raise
+        self._task = None
+        self._next(is_keep_alive)
+
+    def _write_whole(
+        self, request: HttpRequest, response: HttpResponse, is_keep_alive: bool
+    ) -> bool:
+        """Writes a whole response in one write; returns whether the connection stays open."""
+        is_keep_alive = is_keep_alive and not self.server.is_closing
+        if not is_keep_alive:
+            connection = wire.CONNECTION_CLOSE
+        elif request.http_version == "1.0":
+            connection = wire.CONNECTION_KEEP_ALIVE  # a 1.0 client closes unless told otherwise
+        else:
+            connection = b""
+        data = wire.whole_response(
+            response.status,
+            response.body,
+            response.content_type,
+            response.headers,
+            server=self.server_line,
+            connection=connection,
+            is_head=request.method == "HEAD",
+        )
+        if not self.is_closed:
+            self.transport.write(data)
+        return is_keep_alive
+
+    def _next(self, is_keep_alive: bool) -> None:
+        """After a response: close, or start the next queued request, or go idle."""
+        if self.is_closed:
+            return
+        if not is_keep_alive or self.server.is_closing:
+            self.close()
+            return
+        self._last_active_s = self._loop.time()
+        if self._pending:
+            item = self._pending.popleft()
+            if isinstance(item, bytes):
+                self._write_and_linger(item)
+                return
+            self._start(*item)
+        elif self._is_stopped:
+            self.close()  # nothing more will be read
+            return
+        if self._pending or self._is_stopped:
+            return
+        self.transport.resume_reading()
+        if self._task is None and self._is_continue_owed:
+            self._is_continue_owed = False
+            self.transport.write(wire.CONTINUE)
+
+    # ---- connection control ----
+    def _on_idle(self) -> None:
+        """The idle timer fired: closes the connection if nothing happened for the timeout."""
+        timeout_s = self.server.keepalive_timeout_s
+        if self._task is not None or self._pending:
+            remaining_s = timeout_s
+        else:
+            remaining_s = self._last_active_s + timeout_s - self._loop.time()
+            if remaining_s <= 0.0:
+                self.close()
+                return
+        self._idle_timer = self._loop.call_later(remaining_s, self._on_idle)
+
+    async def drain(self) -> None:
+        """Waits until the transport's buffer drains below its low-water mark."""
+        waiter = self._waiter
+        if waiter is None or waiter.done():  # done: cancelled with a writer's timeout
+            waiter = self._waiter = self._loop.create_future()
+        await waiter
+
+    def _wake_writer(self, exc: Exception | None) -> None:
+        waiter = self._waiter
+        self._waiter = None
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+
+__all__ = ["Connection"]
