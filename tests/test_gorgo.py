@@ -150,8 +150,11 @@ def test_windows_scale_the_load_and_stop_new_sessions_at_their_duration() -> Non
     assert not blocks(0) & blocks(1)
 
 
-def test_gorgo_counters_return_to_zero_after_a_simulated_run() -> None:
+@pytest.mark.parametrize("queue_release", ["complete", "first-token"])
+def test_gorgo_counters_return_to_zero_after_a_simulated_run(queue_release: str) -> None:
     config = _small_gorgo()
+    params = {**config.router_params, "gorgo": {"queue_release": queue_release}}
+    config = config.model_copy(update={"router_params": params})
     built: list[GorgoRouter] = []
 
     def keep(name: str, router: object) -> tuple[()]:
@@ -163,6 +166,10 @@ def test_gorgo_counters_return_to_zero_after_a_simulated_run() -> None:
     assert len(run.run.results["gorgo"].records) > 100
     assert built[0].num_inflight == 0
     assert set(built[0].queued_tokens.values()) == {0}
+    # the simulator reports every answered request's first token to the router
+    num_records = len(run.run.results["gorgo"].records)
+    expected = num_records if queue_release == "first-token" else 0
+    assert built[0].num_first_tokens_seen == expected
 
 
 def test_tune_freezes_weights_within_bounds_that_round_trip(tmp_path: Path) -> None:

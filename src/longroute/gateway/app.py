@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,7 @@ from longroute.gateway.backends import build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
 from longroute.gateway.errors import SERVER_ERROR, GatewayError
 from longroute.gateway.health import HealthMonitor
-from longroute.gateway.http_server import HttpServer, ResponseStream
+from longroute.gateway.http_server import Handler, HttpServer, ResponseStream
 from longroute.gateway.http_types import JSON_TYPE, HttpRequest, HttpResponse
 from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
@@ -42,7 +42,6 @@ from longroute.routing.fleet_view import FleetView
 
 log = logging.getLogger("longroute.gateway")
 
-Handler = Callable[[HttpRequest, ResponseStream], Awaitable[HttpResponse | None]]
 # how long a stopping gateway lets in-flight requests finish
 STOP_GRACE_S = 5.0
 
