@@ -40,6 +40,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from longroute.emulator import EmulatorOptions, start_emulator
 from longroute.gateway import Gateway, GatewaySecrets, serve_gateway
 from longroute.gateway.config import parse_gateway_config
+from longroute.routing.fleet_view import FleetView
 
 pytestmark = pytest.mark.real_engine
 
@@ -263,11 +264,37 @@ async def running_fleet(vllm: Vllm, emulator_model: str) -> AsyncIterator[Fleet]
         yield Fleet(url, running.gateway, client, http)
 
 
-async def eventually(predicate: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+async def eventually(
+    predicate: Callable[[], bool],
+    what: str,
+    timeout_s: float = 15.0,
+    explain: Callable[[], str] = str,
+) -> None:
+    """Polls ``predicate`` until it holds; fails after ``timeout_s`` with ``explain()``."""
     deadline_s = time.monotonic() + timeout_s
     while not predicate():
-        assert time.monotonic() < deadline_s, f"not reached in {timeout_s} s: {what}"
+        assert time.monotonic() < deadline_s, f"not reached in {timeout_s} s: {what}; {explain()}"
         await asyncio.sleep(0.05)
+
+
+class ScrapeTimeline:
+    """What the gateway's scrapes said of vLLM's load, each change with its time."""
+
+    def __init__(self, view: FleetView) -> None:
+        self.view = view
+        self.started_s = time.monotonic()
+        self.changes: list[tuple[float, int | None, int | None]] = []
+
+    def running(self, num_running: int) -> bool:
+        """Records the scraped load; whether ``num_running`` requests run on vLLM."""
+        state = self.view.state("vllm")
+        sample = (state.engine_num_running, state.engine_num_waiting)
+        if not self.changes or self.changes[-1][1:] != sample:
+            self.changes.append((round(time.monotonic() - self.started_s, 2), *sample))
+        return state.engine_num_running == num_running
+
+    def __str__(self) -> str:
+        return "scraped (s, running, waiting): " + ", ".join(map(str, self.changes))
 
 
 def words(rng: random.Random, num_words: int) -> str:
@@ -391,11 +418,12 @@ async def test_gateway_scrapes_vllm_metrics_into_the_fleet_view(vllm: Vllm) -> N
             stream=True,
         )
         stream = raw.parse()
-        await eventually(lambda: view.state("vllm").engine_num_running == 1, "running on vLLM")
+        timeline = ScrapeTimeline(view)
+        first = await anext(aiter(stream))  # the engine has started this request
+        assert first.choices
+        await eventually(lambda: timeline.running(1), "running on vLLM", 30.0, timeline.__str__)
         await stream.close()
-        await eventually(
-            lambda: view.state("vllm").engine_num_running == 0, "aborted on vLLM", timeout_s=5.0
-        )
+        await eventually(lambda: timeline.running(0), "aborted on vLLM", 5.0, timeline.__str__)
         async with fleet.http.get(fleet.url + "/metrics") as response:
             exported = await response.text()
     assert 'longroute_engine_num_running{endpoint="vllm"}' in exported
