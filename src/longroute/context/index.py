@@ -26,14 +26,8 @@ position. Nodes with more than ``_MAP_MIN_CHILDREN`` children index them by
 first own block, so a step costs O(|C| * candidates), never O(children):
 search and insert are O(|C| * h) for height h; evict is O(h + |C|).
 
-Nodes: a dict id -> ``_Node`` (``__slots__``); a leaf has request ids and no
-children; ``freq`` counts the request ids ever stored below a node (build and
-insert; eviction does not lower it).
-
-Eviction order is the caller's: ``evict`` removes what it is told. Removing a
-child moves its parent's last child into its position, and splicing replaces a
-one-child node by that child, so after an eviction other leaves' paths may
-change; ``path_of`` always returns the current one.
+Eviction order is the caller's: ``evict`` removes what it is told. The node
+structure, its edits and the queries on it are ``tree.PrefixTree``'s.
 """
 
 from __future__ import annotations
@@ -47,8 +41,7 @@ from longroute.context.distance import (
     check_alpha,
     cluster_contexts,
 )
-
-_MAP_MIN_CHILDREN = 8  # children indexed by first own block above this many
+from longroute.context.tree import PrefixTree, _Node
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,36 +74,16 @@ class InsertResult:
     context: tuple[int, ...]
 
 
-class _Node:
-    """A tree node. ``request_ids`` is None for internal nodes (and the root).
-
-    ``child_map`` (block -> ids of the children whose first own block it is)
-    exists once a node has had more than ``_MAP_MIN_CHILDREN`` children.
-    """
-
-    __slots__ = ("child_map", "children", "docs", "freq", "node_id", "parent", "pos", "request_ids")
-
-    def __init__(self, node_id: int, docs: tuple[int, ...], request_ids: list[str] | None) -> None:
-        self.node_id = node_id
-        self.parent: int | None = None
-        self.pos = 0
-        self.children: list[int] = []
-        self.docs = docs
-        self.request_ids = request_ids
-        self.freq = 0
-        self.child_map: dict[int, set[int]] | None = None
-
-
-class ContextIndex:
+class ContextIndex(PrefixTree):
     """Context index tree; see the module docstring. Memory O(total blocks stored)."""
 
     def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
+        super().__init__()
         self._alpha = check_alpha(alpha)
-        self._root = _Node(0, (), None)
-        self._nodes: dict[int, _Node] = {0: self._root}
-        self._next_id = 1
-        self._leaf_of: dict[str, _Node] = {}
-        self._leaf_by_set: dict[frozenset[int], _Node] = {}
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha
 
     # ----------------------------------------------------------------- build
 
@@ -164,47 +137,6 @@ class ContextIndex:
             leaf = index._leaf_of[rid]
             results.append(InsertResult(rid, index._path(leaf, count=False), leaf.docs))
         return index, results
-
-    def _materialise(
-        self,
-        uniques: list[tuple[int, ...]],
-        members: list[list[str]],
-        children: Sequence[Sequence[int]],
-    ) -> None:
-        """Create nodes for a cluster tree (phases 2 and 3 of Algorithm 4)."""
-        n = len(uniques)
-        sets, rep = _cluster_sets(uniques, children)
-        stack: list[tuple[int, _Node]] = [(n, self._root)]
-        while stack:
-            c, parent = stack.pop()
-            pdocs = parent.docs
-            if c >= n and (len(sets[c]) == len(pdocs) or len(children[c - n]) < 2):
-                # adds no block or has one child: relink its children to the parent
-                stack.extend((k, parent) for k in reversed(children[c - n]))
-                continue
-            pset = set(pdocs)
-            if c < n:
-                node = self._new_node(pdocs + tuple(b for b in uniques[c] if b not in pset), None)
-                node.request_ids = members[c]
-                node.freq = len(members[c])
-                self._register_leaf(node)
-            else:
-                inter = sets[c]
-                own = tuple(b for b in uniques[rep[c]] if b in inter and b not in pset)
-                node = self._new_node(pdocs + own, None)
-                stack.extend((k, node) for k in reversed(children[c - n]))
-            self._attach(parent, node)
-        self._sum_freq(self._root)
-
-    def _sum_freq(self, top: _Node) -> None:
-        """Set each internal node's freq to the sum over its children (post-order)."""
-        nodes = self._nodes
-        order = [top]
-        for node in order:  # BFS; the list grows while it is walked
-            order.extend(nodes[c] for c in node.children)
-        for node in reversed(order):
-            if node.request_ids is None:
-                node.freq = sum(nodes[c].freq for c in node.children)
 
     # ---------------------------------------------------------------- search
 
@@ -371,226 +303,3 @@ class ContextIndex:
             del nodes[node.node_id]
             node = parent
         return True
-
-    # --------------------------------------------------------------- queries
-
-    def path_of(self, request_id: str) -> tuple[int, ...]:
-        """Current path of ``request_id``'s leaf. Raises KeyError if unknown. O(h)."""
-        return self._path(self._leaf(request_id), count=False)
-
-    def context_of(self, request_id: str) -> tuple[int, ...]:
-        """The reordered context stored for ``request_id``. Raises KeyError if unknown."""
-        return self._leaf(request_id).docs
-
-    def docs_at(self, path: Sequence[int]) -> tuple[int, ...]:
-        """Docs of the node reached by following ``path`` (child positions) from the root.
-
-        Raises IndexError naming the first position that does not exist. O(len(path)).
-        """
-        node = self._root
-        for depth, pos in enumerate(path):
-            if not 0 <= pos < len(node.children):
-                raise IndexError(
-                    f"path {tuple(path)}: position {pos} at depth {depth} is not in "
-                    f"0..{len(node.children) - 1}"
-                )
-            node = self._nodes[node.children[pos]]
-        return node.docs
-
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._leaf_of
-
-    def __len__(self) -> int:
-        """Number of request ids stored."""
-        return len(self._leaf_of)
-
-    @property
-    def alpha(self) -> float:
-        return self._alpha
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes in the tree, the root included."""
-        return len(self._nodes)
-
-    @property
-    def height(self) -> int:
-        """Edges on the longest root-to-leaf path (0 for an empty index). O(nodes)."""
-        best = 0
-        stack = [(self._root, 0)]
-        while stack:
-            node, depth = stack.pop()
-            best = max(best, depth)
-            stack.extend((self._nodes[c], depth + 1) for c in node.children)
-        return best
-
-    def _leaf(self, request_id: str) -> _Node:
-        leaf = self._leaf_of.get(request_id)
-        if leaf is None:
-            raise KeyError(f"request id {request_id!r} is not in the index")
-        return leaf
-
-    def _path(self, node: _Node, *, count: bool) -> tuple[int, ...]:
-        """Child positions from the root to ``node``; ``count`` adds 1 to each node's freq."""
-        steps: list[int] = []
-        nodes = self._nodes
-        cur = node
-        while cur.parent is not None:
-            steps.append(cur.pos)
-            if count:
-                cur.freq += 1
-            cur = nodes[cur.parent]
-        if count:
-            cur.freq += 1
-        steps.reverse()
-        return tuple(steps)
-
-    # ------------------------------------------------------ tree maintenance
-
-    def _new_node(self, docs: tuple[int, ...], request_ids: list[str] | None) -> _Node:
-        node = _Node(self._next_id, docs, request_ids)
-        self._nodes[node.node_id] = node
-        self._next_id += 1
-        return node
-
-    def _register_leaf(self, leaf: _Node) -> None:
-        assert leaf.request_ids is not None
-        for rid in leaf.request_ids:
-            self._leaf_of[rid] = leaf
-        self._leaf_by_set[frozenset(leaf.docs)] = leaf
-
-    def _attach(self, parent: _Node, child: _Node) -> None:
-        """Append ``child`` to ``parent``'s children."""
-        child.parent = parent.node_id
-        child.pos = len(parent.children)
-        parent.children.append(child.node_id)
-        if parent.child_map is not None:
-            self._map_add(parent, child)
-        elif len(parent.children) > _MAP_MIN_CHILDREN:
-            parent.child_map = {}
-            for cid in parent.children:
-                self._map_add(parent, self._nodes[cid])
-
-    def _detach(self, parent: _Node, child: _Node) -> None:
-        """Remove ``child``; ``parent``'s last child takes its position. O(1 + |own blocks|)."""
-        if parent.child_map is not None:
-            self._map_remove(parent, child)
-        last = parent.children.pop()
-        if last != child.node_id:
-            parent.children[child.pos] = last
-            self._nodes[last].pos = child.pos
-        child.parent = None
-
-    def _replace(self, parent: _Node, old: _Node, new: _Node) -> None:
-        """Put ``new`` in ``old``'s position under ``parent``."""
-        if parent.child_map is not None:
-            self._map_remove(parent, old)
-        new.parent = parent.node_id
-        new.pos = old.pos
-        parent.children[old.pos] = new.node_id
-        old.parent = None
-        if parent.child_map is not None:
-            self._map_add(parent, new)
-
-    @staticmethod
-    def _map_add(parent: _Node, child: _Node) -> None:
-        assert parent.child_map is not None
-        start = len(parent.docs)
-        if len(child.docs) > start:
-            hits = parent.child_map.get(child.docs[start])
-            if hits is None:
-                parent.child_map[child.docs[start]] = {child.node_id}
-            else:
-                hits.add(child.node_id)
-
-    @staticmethod
-    def _map_remove(parent: _Node, child: _Node) -> None:
-        assert parent.child_map is not None
-        start = len(parent.docs)
-        if len(child.docs) > start:
-            hits = parent.child_map[child.docs[start]]
-            hits.discard(child.node_id)
-            if not hits:
-                del parent.child_map[child.docs[start]]
-
-    # ---------------------------------------------------------------- checks
-
-    def check_tree(self) -> None:
-        """Raise ValueError describing the first violated invariant; O(total blocks).
-
-        Checked: every non-root node is listed exactly once, by its parent, at
-        its ``pos``; no cycles; every node is reachable from the root; a node's
-        docs have no repeats and are a prefix of each child's docs; leaves have
-        request ids and no children; non-root internal nodes have >= 2
-        children; the request-id, block-set and child-block maps agree with
-        the tree.
-        """
-        seen: set[int] = set()
-        stack = [self._root]
-        if self._root.parent is not None or self._root.docs or self._root.request_ids is not None:
-            raise ValueError("the root must be an internal node with empty docs and no parent")
-        while stack:
-            node = stack.pop()
-            if node.node_id in seen:
-                raise ValueError(f"node {node.node_id} is reachable twice (shared child or cycle)")
-            seen.add(node.node_id)
-            self._check_node(node)
-            stack.extend(self._nodes[c] for c in node.children)
-        if seen != set(self._nodes):
-            raise ValueError(f"unreachable nodes: {sorted(set(self._nodes) - seen)[:10]}")
-        leaves = {n.node_id for n in self._nodes.values() if n.request_ids is not None}
-        if {leaf.node_id for leaf in self._leaf_of.values()} != leaves:
-            raise ValueError("request-id map does not match the leaves")
-        if len(self._leaf_by_set) != len(leaves):
-            raise ValueError("two leaves hold the same block set, or the set map is stale")
-        for rid, leaf in self._leaf_of.items():
-            if leaf.request_ids is None or rid not in leaf.request_ids:
-                raise ValueError(f"request id {rid!r} maps to a leaf that does not hold it")
-
-    def _check_node(self, node: _Node) -> None:
-        nid = node.node_id
-        if self._nodes.get(nid) is not node:
-            raise ValueError(f"node {nid} is not registered under its id")
-        if len(set(node.docs)) != len(node.docs):
-            raise ValueError(f"node {nid} repeats a block: {node.docs}")
-        if node.request_ids is not None:
-            if node.children or not node.request_ids:
-                raise ValueError(f"leaf {nid} has children or no request ids")
-            if self._leaf_by_set.get(frozenset(node.docs)) is not node:
-                raise ValueError(f"leaf {nid} is missing from the block-set map")
-        elif node is not self._root and len(node.children) < 2:
-            raise ValueError(f"internal node {nid} has {len(node.children)} children (need >= 2)")
-        expected_map: dict[int, set[int]] = {}
-        for pos, cid in enumerate(node.children):
-            child = self._nodes.get(cid)
-            if child is None:
-                raise ValueError(f"node {nid} lists unknown child {cid}")
-            if child.parent != nid or child.pos != pos:
-                raise ValueError(
-                    f"child {cid} of {nid} records parent {child.parent} pos {child.pos}"
-                )
-            if child.docs[: len(node.docs)] != node.docs:
-                raise ValueError(f"docs of {nid} {node.docs} are not a prefix of child {cid}'s")
-            if len(child.docs) > len(node.docs):
-                expected_map.setdefault(child.docs[len(node.docs)], set()).add(cid)
-        if node.child_map is not None and node.child_map != expected_map:
-            raise ValueError(f"child-block map of node {nid} is stale")
-
-
-def _cluster_sets(
-    uniques: list[tuple[int, ...]], children: Sequence[Sequence[int]]
-) -> tuple[list[frozenset[int]], list[int]]:
-    """Block set of every cluster (intersection of its leaves) and a leaf of it, by cluster id."""
-    n = len(uniques)
-    sets: list[frozenset[int]] = [frozenset(u) for u in uniques]
-    sets.extend([frozenset()] * len(children))
-    rep = list(range(n)) + [0] * len(children)
-    order = [n]  # internal clusters in BFS order from the root; grows while walked
-    for c in order:
-        order.extend(k for k in children[c - n] if k >= n)
-    for c in reversed(order):
-        kids = children[c - n]
-        if kids:  # only the root of an empty batch has none
-            sets[c] = sets[kids[0]].intersection(*(sets[k] for k in kids[1:]))
-            rep[c] = rep[kids[0]]
-    return sets, rep
