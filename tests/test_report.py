@@ -237,7 +237,7 @@ def test_summary_table_missing_key_raises() -> None:
 
 
 def test_cdf_thinning_keeps_plots_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("longroute.metrics.report.CDF_MAX_POINTS", 3)
+    monkeypatch.setattr("longroute.metrics.plots.CDF_MAX_POINTS", 3)
     by_router = records_by_router()
     paths = write_report(
         tmp_path,

@@ -4,9 +4,7 @@ Called once at the end of a simulator or load-generator run, with one summary
 (from ``longroute.metrics.summary.summarize``) and one record list per router.
 Router order is the caller's mapping order everywhere (table rows, CSV rows,
 legend entries), so equal inputs give byte-identical JSON and CSV output.
-matplotlib is imported lazily, and figures are drawn on an explicit Agg canvas
-(never through pyplot), so importing this module has no side effects and the
-global matplotlib backend is left alone.
+Figures come from ``plots``.
 """
 
 from __future__ import annotations
@@ -17,13 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from rich.markup import escape
 from rich.table import Table
 
+from longroute.metrics.plots import endpoint_plot, latency_cdf_plot
 from longroute.metrics.records import RequestRecord
-from longroute.metrics.summary import requests_per_endpoint
 from longroute.metrics.ttca import TtcaSummary
 from longroute.metrics.ttca_report import (
     comparison_json,
@@ -33,9 +31,6 @@ from longroute.metrics.ttca_report import (
 )
 from longroute.types import SLO
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
 SummaryMap = Mapping[str, Mapping[str, float | int | None]]
 TtcaMap = Mapping[str, TtcaSummary]
 Better = Literal["lower", "higher"] | None
@@ -43,8 +38,6 @@ Better = Literal["lower", "higher"] | None
 MISSING = "—"
 BEST_STYLE = "bold green"
 _RESERVED_JSON_KEYS = frozenset({"scenario", "seed", "routers", "ttca_comparison"})
-#: Most points drawn per CDF line; more than a figure's pixel resolution.
-CDF_MAX_POINTS = 4000
 
 
 def format_seconds(value: float | int | None) -> str:
@@ -225,11 +218,11 @@ def write_report(
     text = json.dumps(payload, sort_keys=True, indent=2, allow_nan=False)
     json_path.write_text(text + "\n", encoding="utf-8")
     paths = [json_path, _write_csv(out_dir / "requests.csv", records_by_router)]
-    paths.append(_cdf_plot(out_dir / "ttft_cdf.png", scenario, "TTFT", _ttft, records_by_router))
-    paths.append(
-        _cdf_plot(out_dir / "e2e_cdf.png", scenario, "E2E latency", _e2e, records_by_router)
-    )
-    paths.append(_endpoint_plot(out_dir / "per_endpoint.png", scenario, records_by_router))
+    for name, metric in (("ttft", "TTFT"), ("e2e", "E2E latency")):
+        path = out_dir / f"{name}_cdf.png"
+        latency_s = attrgetter(f"{name}_s")
+        paths.append(latency_cdf_plot(path, scenario, metric, latency_s, records_by_router))
+    paths.append(endpoint_plot(out_dir / "per_endpoint.png", scenario, records_by_router))
     if ttca:
         paths.append(write_setting_csv(out_dir / "ttca_by_setting.csv", ttca))
         paths.append(success_plot(out_dir / "ttca_success.png", scenario, ttca, records_by_router))
@@ -294,92 +287,3 @@ def _write_csv(path: Path, records_by_router: Mapping[str, Sequence[RequestRecor
         for records in records_by_router.values():
             writer.writerows(map(_csv_row, records))
     return path
-
-
-def _new_figure(width_in: float, height_in: float) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
-
-
-def _ttft(record: RequestRecord) -> float:
-    return record.ttft_s
-
-
-def _e2e(record: RequestRecord) -> float:
-    return record.e2e_s
-
-
-def _cdf_plot(
-    path: Path,
-    scenario: str,
-    metric: str,
-    latency_s: Callable[[RequestRecord], float],
-    records_by_router: Mapping[str, Sequence[RequestRecord]],
-) -> Path:
-    """Empirical CDF of one latency, one step line per router, log-x."""
-    import numpy as np
-
-    fig = _new_figure(8.0, 5.0)
-    ax = fig.add_subplot()
-    has_data = False
-    for router, records in records_by_router.items():
-        values = np.sort(np.fromiter(map(latency_s, records), dtype=np.float64))
-        if values.size == 0:
-            ax.plot([], [], label=f"{router} (no data)")
-            continue
-        has_data = True
-        ranks = np.arange(1, values.size + 1, dtype=np.float64)
-        if values.size > CDF_MAX_POINTS:  # thin out; keeps min, max and every 1/k-th rank
-            keep = np.unique(np.linspace(0, values.size - 1, CDF_MAX_POINTS).round().astype(int))
-            values, ranks = values[keep], ranks[keep]
-        ax.step(values, ranks / ranks[-1], where="post", label=f"{router} (n={int(ranks[-1])})")
-    if has_data:
-        ax.set_xscale("log")
-    ax.set_xlabel(f"{metric} (s, log scale)")
-    ax.set_ylabel("fraction of requests ≤ x")
-    ax.set_ylim(0.0, 1.02)
-    ax.set_title(f"{scenario}: {metric} CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
-    return _save(fig, path)
-
-
-def _endpoint_plot(
-    path: Path, scenario: str, records_by_router: Mapping[str, Sequence[RequestRecord]]
-) -> Path:
-    """Grouped bars: requests per endpoint (x), one bar per router."""
-    counts = {router: requests_per_endpoint(recs) for router, recs in records_by_router.items()}
-    endpoints = sorted({name for per in counts.values() for name in per})
-    num_routers = max(len(counts), 1)
-    width_in = min(max(8.0, 0.25 * len(endpoints) * num_routers + 2.0), 30.0)
-    fig = _new_figure(width_in, 5.0)
-    ax = fig.add_subplot()
-    bar_width = 0.8 / num_routers
-    positions = list(range(len(endpoints)))
-    for i, (router, per) in enumerate(counts.items()):
-        offset = (i - (num_routers - 1) / 2.0) * bar_width
-        heights = [per.get(name, 0) for name in endpoints]
-        ax.bar([p + offset for p in positions], heights, width=bar_width, label=router)
-    is_crowded = len(endpoints) > 6
-    ax.set_xticks(
-        positions,
-        endpoints,
-        rotation=45 if is_crowded else 0,
-        ha="right" if is_crowded else "center",
-    )
-    ax.set_xlabel("endpoint")
-    ax.set_ylabel("requests")
-    ax.set_title(f"{scenario}: requests per endpoint")
-    ax.grid(True, axis="y", alpha=0.3)
-    if counts:
-        ax.legend()
-    return _save(fig, path)

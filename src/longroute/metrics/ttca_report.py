@@ -13,7 +13,7 @@ correct answer), improvements 1 - ratio (the seed's Figure 4).
   reference's TTCA improvement per (language, length bucket); red cells
   are settings where the reference loses.
 
-matplotlib is imported lazily; figures draw on an explicit Agg canvas.
+Figures come from ``plots`` (lazy matplotlib, explicit Agg canvas).
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from __future__ import annotations
 import csv
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
 from longroute.features.length import bucket_label
+from longroute.metrics.plots import new_figure, save_png
 from longroute.metrics.records import RequestRecord
 from longroute.metrics.ttca import (
     QueryTtca,
@@ -38,9 +39,6 @@ from longroute.metrics.ttca import (
     ttca_of,
 )
 from longroute.types import Language
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 TtcaMap = Mapping[str, TtcaSummary]
 MISSING = "—"
@@ -170,15 +168,6 @@ def write_setting_csv(path: Path, ttca: TtcaMap) -> Path:
 # ---- figures ---------------------------------------------------------------
 
 
-def _new_figure(width_in: float, height_in: float) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def _curve(queries: Sequence[QueryTtca], max_attempts: int) -> tuple[list[float], list[float]]:
     """(mean TTCA with cap k, success within k) for k = 1..R over ``queries``."""
     xs, ys = [], []
@@ -203,7 +192,7 @@ def success_plot(
             per_bucket.setdefault(q.length_bucket_tokens, []).append(q)
         grouped[router] = per_bucket
     buckets = sorted({b for per in grouped.values() for b in per})
-    fig = _new_figure(max(4.0 * len(buckets), 6.0), 4.2)
+    fig = new_figure(max(4.0 * len(buckets), 6.0), 4.2)
     axes = fig.subplots(1, max(len(buckets), 1), squeeze=False)[0]
     for ax, bucket in zip(axes, buckets, strict=False):
         for router, per_bucket in grouped.items():
@@ -218,8 +207,7 @@ def success_plot(
     axes[0].set_ylabel("success rate after k attempts")
     axes[0].legend(loc="lower right", fontsize="small")
     fig.suptitle(f"{scenario}: TTCA vs success rate, k = 1..R")
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
+    return save_png(fig, path)
 
 
 def improvement_plot(path: Path, scenario: str, ttca: TtcaMap) -> Path | None:
@@ -230,7 +218,7 @@ def improvement_plot(path: Path, scenario: str, ttca: TtcaMap) -> Path | None:
     settings = _settings(ttca)
     edges = sorted({edge for edge, _ in settings})
     languages = sorted({_language_name(lang) for _, lang in settings})
-    fig = _new_figure(max(5.0 * len(found), 6.0), 1.2 + 0.6 * len(languages))
+    fig = new_figure(max(5.0 * len(found), 6.0), 1.2 + 0.6 * len(languages))
     axes = fig.subplots(1, len(found), squeeze=False)[0]
     image = None
     for ax, c in zip(axes, found, strict=True):
@@ -255,5 +243,4 @@ def improvement_plot(path: Path, scenario: str, ttca: TtcaMap) -> Path | None:
     if image is not None:
         fig.colorbar(image, ax=list(axes), label=f"1 - TTCA({found[0].reference}) / TTCA(other)")
     fig.suptitle(f"{scenario}: TTCA improvement of {found[0].reference}")
-    fig.savefig(path, format="png", metadata={"Software": None})
-    return path
+    return save_png(fig, path)

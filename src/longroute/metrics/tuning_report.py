@@ -3,7 +3,7 @@
 Called once after ``longroute tune``: one row per judged window (step 0 is
 the starting point), the weights tried, the objective they scored, whether
 the ES accepted them, its step size, and the incumbent after the step.
-matplotlib is imported lazily and drawn on an Agg canvas (no pyplot).
+The figure comes from ``plots`` (lazy matplotlib, explicit Agg canvas).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
+from longroute.metrics.plots import new_figure, save_png
 from longroute.tuning import TunerStep
 
 
@@ -36,11 +37,7 @@ def trajectory_plot(
     path: Path, title: str, objective: str, trajectory: Sequence[TunerStep]
 ) -> Path:
     """Left: incumbent weights per step (log scale); right: the objective per step."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4), dpi=110)
-    FigureCanvasAgg(fig)
+    fig = new_figure(11.0, 4.0, dpi=110)
     left, right = fig.subplots(1, 2)
     steps = [s.step for s in trajectory]
     for name in sorted(trajectory[0].weights) if trajectory else []:
@@ -58,6 +55,4 @@ def trajectory_plot(
     right.legend(fontsize=8)
     right.set_title("objective per judging window")
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return save_png(fig, path)

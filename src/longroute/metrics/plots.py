@@ -1,0 +1,104 @@
+"""Figures of the reports, drawn on an explicit Agg canvas.
+
+matplotlib is imported lazily and never through pyplot, so importing this
+module has no side effects and the global matplotlib backend is left alone.
+PNGs are written without a "Software" entry, so equal inputs give equal files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from longroute.metrics.records import RequestRecord
+from longroute.metrics.summary import requests_per_endpoint
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+#: Most points drawn per CDF line; more than a figure's pixel resolution.
+CDF_MAX_POINTS = 4000
+
+
+def new_figure(width_in: float, height_in: float, *, dpi: int = 100) -> Figure:
+    """A figure on its own Agg canvas, laid out by matplotlib's constrained layout."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_png(fig: Figure, path: Path) -> Path:
+    """Writes ``fig`` as PNG without a "Software" entry; returns ``path``."""
+    fig.savefig(path, format="png", metadata={"Software": None})
+    return path
+
+
+def latency_cdf_plot(
+    path: Path,
+    scenario: str,
+    metric: str,
+    latency_s: Callable[[RequestRecord], float],
+    records_by_router: Mapping[str, Sequence[RequestRecord]],
+) -> Path:
+    """Empirical CDF of ``latency_s`` (named ``metric``), one step line per router, log-x."""
+    import numpy as np
+
+    fig = new_figure(8.0, 5.0)
+    ax = fig.add_subplot()
+    has_data = False
+    for router, records in records_by_router.items():
+        values = np.sort(np.fromiter(map(latency_s, records), dtype=np.float64))
+        if values.size == 0:
+            ax.plot([], [], label=f"{router} (no data)")
+            continue
+        has_data = True
+        ranks = np.arange(1, values.size + 1, dtype=np.float64)
+        if values.size > CDF_MAX_POINTS:  # thin out; keeps min, max and every 1/k-th rank
+            keep = np.unique(np.linspace(0, values.size - 1, CDF_MAX_POINTS).round().astype(int))
+            values, ranks = values[keep], ranks[keep]
+        ax.step(values, ranks / ranks[-1], where="post", label=f"{router} (n={int(ranks[-1])})")
+    if has_data:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{metric} (s, log scale)")
+    ax.set_ylabel("fraction of requests ≤ x")
+    ax.set_ylim(0.0, 1.02)
+    ax.set_title(f"{scenario}: {metric} CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    return save_png(fig, path)
+
+
+def endpoint_plot(
+    path: Path, scenario: str, records_by_router: Mapping[str, Sequence[RequestRecord]]
+) -> Path:
+    """Grouped bars: requests per endpoint (x), one bar per router."""
+    counts = {router: requests_per_endpoint(recs) for router, recs in records_by_router.items()}
+    endpoints = sorted({name for per in counts.values() for name in per})
+    num_routers = max(len(counts), 1)
+    width_in = min(max(8.0, 0.25 * len(endpoints) * num_routers + 2.0), 30.0)
+    fig = new_figure(width_in, 5.0)
+    ax = fig.add_subplot()
+    bar_width = 0.8 / num_routers
+    positions = list(range(len(endpoints)))
+    for i, (router, per) in enumerate(counts.items()):
+        offset = (i - (num_routers - 1) / 2.0) * bar_width
+        heights = [per.get(name, 0) for name in endpoints]
+        ax.bar([p + offset for p in positions], heights, width=bar_width, label=router)
+    is_crowded = len(endpoints) > 6
+    ax.set_xticks(
+        positions,
+        endpoints,
+        rotation=45 if is_crowded else 0,
+        ha="right" if is_crowded else "center",
+    )
+    ax.set_xlabel("endpoint")
+    ax.set_ylabel("requests")
+    ax.set_title(f"{scenario}: requests per endpoint")
+    ax.grid(True, axis="y", alpha=0.3)
+    if counts:
+        ax.legend()
+    return save_png(fig, path)
