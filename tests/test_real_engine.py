@@ -35,7 +35,7 @@ import aiohttp
 import openai
 import pytest
 from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 
 from longroute.emulator import EmulatorOptions, start_emulator
 from longroute.gateway import Gateway, GatewaySecrets, serve_gateway
@@ -285,13 +285,13 @@ class ScrapeTimeline:
         self.started_s = time.monotonic()
         self.changes: list[tuple[float, int | None, int | None]] = []
 
-    def running(self, num_running: int) -> bool:
-        """Records the scraped load; whether ``num_running`` requests run on vLLM."""
+    def num_running(self) -> int | None:
+        """Records the scraped load; the number of requests running on vLLM."""
         state = self.view.state("vllm")
         sample = (state.engine_num_running, state.engine_num_waiting)
         if not self.changes or self.changes[-1][1:] != sample:
             self.changes.append((round(time.monotonic() - self.started_s, 2), *sample))
-        return state.engine_num_running == num_running
+        return state.engine_num_running
 
     def __str__(self) -> str:
         return "scraped (s, running, waiting): " + ", ".join(map(str, self.changes))
@@ -396,6 +396,28 @@ async def test_openai_client_gets_real_answers_through_the_gateway(vllm: Vllm) -
     assert emulated_usage is not None and "".join(emulated_pieces)
 
 
+NUM_LONG_STREAMS = 4
+LONG_STREAM_TOKENS = MAX_MODEL_LEN_TOKENS - 128  # room for the templated prompt
+GENERATED = "vllm:generation_tokens_total"
+
+
+async def _long_stream(fleet: Fleet) -> openai.AsyncStream[ChatCompletionChunk]:
+    """A streamed greedy chat as long as the model allows (seconds of decoding even with
+    others beside it), once its first chunk is in: the engine is running it."""
+    raw = await fleet.client.chat.completions.with_raw_response.create(
+        model=VLLM_MODEL,
+        messages=[{"role": "user", "content": "Write a long story about routers."}],
+        max_tokens=LONG_STREAM_TOKENS,
+        temperature=0.0,
+        extra_body=IGNORE_EOS,
+        stream=True,
+    )
+    stream = raw.parse()
+    first = await anext(aiter(stream))
+    assert first.choices
+    return stream
+
+
 @async_test
 async def test_gateway_scrapes_vllm_metrics_into_the_fleet_view(vllm: Vllm) -> None:
     async with running_fleet(vllm, EMULATED_MODEL) as fleet:
@@ -407,23 +429,24 @@ async def test_gateway_scrapes_vllm_metrics_into_the_fleet_view(vllm: Vllm) -> N
         assert state.engine_kv_usage is not None and 0.0 <= state.engine_kv_usage <= 1.0
         assert scraper.stats["vllm"].num_prefix_cache_queries_tokens is not None
         assert await fleet.vllm_metric(vllm, "vllm:prefix_cache_queries_total") is not None
-        # a long generation in flight shows up in the scraped load, and leaves it when the
-        # client hangs up (the gateway closes the backend connection, vLLM aborts)
-        raw = await fleet.client.chat.completions.with_raw_response.create(
-            model=VLLM_MODEL,
-            messages=[{"role": "user", "content": "Write a long story about routers."}],
-            max_tokens=1200,  # about 12 s of decoding on two cores
-            temperature=0.0,
-            extra_body=IGNORE_EOS,
-            stream=True,
-        )
-        stream = raw.parse()
+        # long generations in flight show up in the scraped load, and leave it when the client
+        # hangs up: the gateway closes each backend connection and vLLM aborts the request
+        # long before its max_tokens
+        generated_before = await fleet.vllm_metric(vllm, GENERATED) or 0.0
+        streams = await asyncio.gather(*(_long_stream(fleet) for _ in range(NUM_LONG_STREAMS)))
         timeline = ScrapeTimeline(view)
-        first = await anext(aiter(stream))  # the engine has started this request
-        assert first.choices
-        await eventually(lambda: timeline.running(1), "running on vLLM", 30.0, timeline.__str__)
-        await stream.close()
-        await eventually(lambda: timeline.running(0), "aborted on vLLM", 5.0, timeline.__str__)
+
+        def explain() -> str:  # what the gateway scraped, and vLLM's log without probe lines
+            lines = vllm.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+            kept = [line for line in lines if '"GET /metrics' not in line and "/health" not in line]
+            return f"{timeline}\nvLLM log {vllm.log_path}:\n" + "\n".join(kept[-20:])
+
+        await eventually(lambda: (timeline.num_running() or 0) >= 1, "running", 30.0, explain)
+        for stream in streams:
+            await stream.close()
+        await eventually(lambda: timeline.num_running() == 0, "aborted", 10.0, explain)
+        generated = (await fleet.vllm_metric(vllm, GENERATED) or 0.0) - generated_before
+        assert 0 < generated < NUM_LONG_STREAMS * LONG_STREAM_TOKENS / 2, explain()
         async with fleet.http.get(fleet.url + "/metrics") as response:
             exported = await response.text()
     assert 'longroute_engine_num_running{endpoint="vllm"}' in exported
