@@ -12,12 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longroute.context import distance as distance_mod
-from longroute.context.distance import (
-    DEFAULT_ALPHA,
-    cluster_contexts,
-    context_distance,
-    pairwise_distances,
-)
+from longroute.context.clustering import cluster_contexts
+from longroute.context.distance import DEFAULT_ALPHA, context_distance, pairwise_distances
 from longroute.context.index import ContextIndex
 
 A = 0.001

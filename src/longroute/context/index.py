@@ -35,12 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from longroute.context.distance import (
-    DEFAULT_ALPHA,
-    DEFAULT_LINKAGE_METHOD,
-    check_alpha,
-    cluster_contexts,
-)
+from longroute.context.clustering import DEFAULT_LINKAGE_METHOD, cluster_contexts
+from longroute.context.distance import DEFAULT_ALPHA, check_alpha
 from longroute.context.tree import PrefixTree, _Node
 
 
