@@ -29,14 +29,8 @@ from longroute.registry import RegistryError
 from longroute.sim.scenario import build_workload, load_scenario
 from longroute.sim.windows import run_windows, window_scenario, window_seed
 from longroute.workloads._sampling import prompt_blocks
-from longroute.workloads.rag import (
-    RagDraw,
-    RagKnobs,
-    annotation_tokens,
-    plan_contexts,
-    rag,
-    rag_draw,
-)
+from longroute.workloads.rag import annotation_tokens, plan_contexts, rag
+from longroute.workloads.rag_draw import RagDraw, RagKnobs, rag_draw
 from longroute.workloads.registry import WORKLOADS
 
 _DEFAULTS = {
