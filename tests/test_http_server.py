@@ -134,6 +134,16 @@ class Served:
         return reply
 
 
+async def slow_reader_get(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client with a small receive buffer (so the server's writes back up) that sent a GET."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(get())
+    return reader, writer
+
+
 @asynccontextmanager
 async def serving(handler: Handler = echo, **kwargs: Any) -> AsyncIterator[Served]:
     kwargs.setdefault("max_body_bytes", MAX_BODY_BYTES)
@@ -672,11 +682,7 @@ async def test_stream_write_blocks_while_the_client_does_not_read() -> None:
         finished.set()
 
     async with serving(handler) as served:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        sock.connect(("127.0.0.1", served.port))
-        reader, writer = await asyncio.open_connection(sock=sock)
-        writer.write(get())
+        reader, writer = await slow_reader_get(served.port)
         await asyncio.sleep(0.1)
         stalled_at = num_written
         await asyncio.sleep(0.1)
@@ -703,11 +709,7 @@ async def test_blocked_write_raises_when_the_client_goes_away() -> None:
 
     with LogRecords() as logs:
         async with serving(handler) as served:
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-            sock.connect(("127.0.0.1", served.port))
-            _, writer = await asyncio.open_connection(sock=sock)
-            writer.write(get())
+            _, writer = await slow_reader_get(served.port)
             await asyncio.sleep(0.1)
             writer.transport.abort()
             for _ in range(200):
@@ -736,11 +738,7 @@ async def test_a_write_cancelled_by_a_timeout_leaves_the_stream_usable() -> None
         outcome.append("ended")
 
     async with serving(handler) as served:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        sock.connect(("127.0.0.1", served.port))
-        reader, writer = await asyncio.open_connection(sock=sock)
-        writer.write(get())
+        reader, writer = await slow_reader_get(served.port)
         while len(outcome) < 2:
             await asyncio.sleep(0.01)
         reply = await read_reply(reader)
