@@ -275,14 +275,21 @@ async def test_server_header_can_be_turned_off_and_unknown_status_has_empty_reas
 async def test_request_head_split_across_reads() -> None:
     async with serving() as served:
         reader, writer = await served.connect()
-        for piece in (b"GET /frag", b"mented?x=1", b" HTTP/1.1\r\nX-Lo", b"ng: v\r\n\r\n"):
+        pieces = (
+            b"GET /frag",
+            b"mented?x=1",
+            b" HTTP/1.1\r\nHo",
+            b"st: t\r\nX-Lo",
+            b"ng: v\r\n\r\n",
+        )
+        for piece in pieces:
             writer.write(piece)
             await writer.drain()
             await asyncio.sleep(0.01)  # each piece is a separate data_received
         fields = json.loads((await read_reply(reader)).body)
         writer.close()
     assert (fields["path"], fields["query"]) == ("/fragmented", "x=1")
-    assert fields["headers"] == {"x-long": "v"}
+    assert fields["headers"] == {"host": "t", "x-long": "v"}
 
 
 @async_test
@@ -703,9 +710,11 @@ async def test_blocked_write_raises_when_the_client_goes_away() -> None:
         try:
             for _ in range(2000):
                 await stream.write(b"z" * 65536)
-        except ConnectionResetError:
+        except (ConnectionResetError, asyncio.CancelledError):
+            # the blocked write is woken with the error, and the handler cancelled: the client
+            # left, so nobody waits for the rest (and it is not worth an error log)
             outcome.append(stream.is_closed)
-            raise  # the client left: not worth an error log
+            raise
 
     with LogRecords() as logs:
         async with serving(handler) as served:
@@ -751,31 +760,32 @@ async def test_a_write_cancelled_by_a_timeout_leaves_the_stream_usable() -> None
 
 
 @async_test
-async def test_disconnect_does_not_cancel_the_handler_and_its_response_is_dropped() -> None:
-    gone = asyncio.Event()
-    finished: list[str] = []
+async def test_disconnect_cancels_the_handler_and_nothing_is_logged() -> None:
+    entered = asyncio.Event()
+    outcome: list[str] = []
 
     async def handler(request: HttpRequest, stream: ResponseStream) -> HttpResponse:
-        while not stream.is_closed:
-            await asyncio.sleep(0.005)
-        gone.set()
-        await asyncio.sleep(0.02)  # the handler keeps running (it would release a backend slot)
-        finished.append(request.path)
+        entered.set()
+        try:
+            await asyncio.sleep(30)  # e.g. waiting in the admission queue or for a backend
+        except asyncio.CancelledError:
+            outcome.append(f"cancelled {request.path}")
+            raise
+        outcome.append("finished")
         return HttpResponse(200, b"late")
 
     with LogRecords() as logs:
         async with serving(handler) as served:
             _, writer = await served.connect()
             writer.write(get("/left"))
-            await asyncio.sleep(0.02)
+            await asyncio.wait_for(entered.wait(), 2.0)
             writer.close()
-            await asyncio.wait_for(gone.wait(), 2.0)
-            while not finished:
+            while not outcome:
                 await asyncio.sleep(0.005)
             await asyncio.sleep(0.01)
             assert served.server.num_connections == 0
-    assert finished == ["/left"]
-    assert logs.records == []  # dropped silently
+    assert outcome == ["cancelled /left"]
+    assert logs.records == []  # the client leaving is no error
 
 
 # ---- server start and close ------------------------------------------------------------------
@@ -815,7 +825,7 @@ async def test_close_waits_for_in_flight_handlers_within_grace() -> None:
 
 
 @async_test
-async def test_close_gives_up_after_grace_without_cancelling_the_handler() -> None:
+async def test_close_gives_up_after_grace_and_cancels_the_handler() -> None:
     release = asyncio.Event()
     outcome: list[str] = []
 
@@ -837,9 +847,9 @@ async def test_close_gives_up_after_grace_without_cancelling_the_handler() -> No
     await server.close(grace_s=0.1)
     assert 0.09 < time.monotonic() - started < 0.6
     assert await is_at_eof(reader)
-    release.set()
     await asyncio.sleep(0.02)
-    assert outcome == ["finished"]
+    assert outcome == ["cancelled"]  # its connection is gone: nobody waits for its answer
+    release.set()
     writer.close()
 
 

@@ -5,8 +5,13 @@ callbacks fill a header dict and a body, ``on_message_complete`` starts ONE
 handler task, and the handler's whole :class:`HttpResponse` goes out in ONE
 ``transport.write`` (bytes from :mod:`longroute.gateway.http_wire`). One handler
 runs at a time: pipelined requests wait in a FIFO (reading paused meanwhile),
-so responses never interleave. The idle timer is one per idle period,
-re-armed lazily. The error path lives in :mod:`longroute.gateway.http_errors`.
+so responses never interleave. One timer per connection, re-armed lazily, closes
+it when idle for the keep-alive timeout or when a head takes longer than its
+deadline. A head is fed to the parser in slices within :class:`HeadLimits`, so an
+over-long one costs at most the limit. When the client goes away, the running
+handler is cancelled: nobody is waiting for its work. The error path lives in
+:mod:`longroute.gateway.http_errors`, the head checks in
+:mod:`longroute.gateway.http_head`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from httptools import (
 
 from longroute.gateway import http_wire as wire
 from longroute.gateway.http_errors import ConnectionErrors, StopParsing
+from longroute.gateway.http_head import HeadError, check_host, check_transfer_encoding
 from longroute.gateway.http_types import Headers, HttpRequest, HttpResponse
 from longroute.gateway.http_wire import ResponseStream
 
@@ -43,10 +49,20 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         self.server_line = server.server_line
         self._handler = server.handler
         self._max_body_bytes = server.max_body_bytes
+        self._limits = server.head_limits
         self._loop = asyncio.get_running_loop()
-        self._parser = HttpRequestParser(self)
+        self._parser: HttpRequestParser | None = HttpRequestParser(self)
         self._url = b""
         self._headers: dict[str, str] = {}
+        # the head being read: when its first byte came (None between heads), its bytes fed,
+        # those since the last complete header line, its header lines and Host lines
+        self._head_started_s: float | None = None
+        self._is_in_body = False
+        self._num_head_bytes = 0
+        self._num_line_bytes = 0
+        self._num_headers = 0
+        self._num_hosts = 0
+        self._valid_host: str | None = None  # the last Host value that passed the check
         self._body: bytes | bytearray = b""
         self._pending: deque[tuple[HttpRequest, bool] | bytes] = deque()
         self._task: asyncio.Task[None] | None = None
@@ -65,25 +81,53 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         if self.server.is_closing:  # accepted just as the server began to close
             self.close()
         self._last_active_s = self._loop.time()
-        self._idle_timer = self._loop.call_later(self.server.keepalive_timeout_s, self._on_idle)
+        self._idle_timer = self._loop.call_later(self._check_every_s(), self._on_idle)
 
     # eof_received is not overridden: a client's FIN closes the connection (clients do not
-    # half-close after a request; a FIN means the user went away, so handlers can stop early).
+    # half-close after a request; a FIN means the user went away, so handlers stop early).
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_closed = True
         self._is_stopped = True
         self._pending.clear()
+        self._parser = None  # the parser holds our callbacks: break the cycle now, not at gc
         self.server.connections.discard(self)
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+            self._idle_timer = None
         self._wake_writer(ConnectionResetError("the client closed the connection"))
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()  # nobody will read the answer: stop queueing, dispatching, decoding
 
     def data_received(self, data: bytes) -> None:
+        """Feeds the parser; a head only in slices within the head limits (see module doc)."""
         if self._is_stopped:
             return
         self._last_active_s = self._loop.time()
+        limits = self._limits
+        while not self._is_in_body:  # inside a head, or between requests (a byte starts one)
+            room = min(
+                limits.max_head_bytes - self._num_head_bytes,
+                limits.max_header_line_bytes - self._num_line_bytes,
+            )
+            if room <= 0:
+                self._fail_head(self._head_too_large())
+                return
+            piece = data[:room]  # the same object when it all fits (no copy)
+            data = data[len(piece) :]
+            self._num_head_bytes += len(piece)
+            self._num_line_bytes += len(piece)
+            if not self._feed(piece) or not data:
+                return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> bool:
+        """Parses ``data``; False once the connection stopped parsing (an error was answered)."""
+        parser = self._parser
+        if parser is None:
+            return False
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except HttpParserUpgrade:  # unreachable: upgrades stop in on_headers_complete
             self._fail(400, "protocol upgrade is not supported", "upgrade_not_supported")
         except HttpParserError as exc:
@@ -93,6 +137,20 @@ class Connection(ConnectionErrors, asyncio.Protocol):
                     self._fail(500, "internal server error", "internal_error")
                 else:
                     self._fail(400, f"malformed HTTP request: {exc}", "malformed_request")
+        return not self._is_stopped
+
+    def _head_too_large(self) -> HeadError:
+        limits = self._limits
+        return HeadError(
+            431,
+            f"request head too large: at most {limits.max_head_bytes} bytes, header lines of "
+            f"at most {limits.max_header_line_bytes} bytes, {limits.max_headers} lines",
+            "request_header_fields_too_large",
+        )
+
+    def _fail_head(self, error: HeadError) -> None:
+        self._head_started_s = None
+        self._fail(error.status, error.message, error.code)
 
     def pause_writing(self) -> None:
         self.is_write_paused = True
@@ -105,20 +163,57 @@ class Connection(ConnectionErrors, asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._is_stopped:
             raise StopParsing
+        if self._head_started_s is None:  # else it began in an earlier read
+            self._head_started_s = self._last_active_s
         self._url = b""
         self._headers = {}
         self._body = b""
+        self._num_headers = self._num_hosts = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > self._limits.max_url_bytes:
+            limit = self._limits.max_url_bytes
+            self._stop(414, f"request target longer than {limit} bytes", "uri_too_long")
+        self._num_line_bytes = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         key = wire.HEADER_NAMES.get(name) or name.lower().decode("latin-1")
-        self._headers[key] = value.decode("latin-1")
+        headers = self._headers
+        text = value.decode("latin-1")
+        if key in headers:  # RFC 9110 §5.3: repeated field lines combine in order
+            text = f"{headers[key]}, {text}"
+        headers[key] = text
+        if key == "host":
+            self._num_hosts += 1
+        self._num_headers += 1
+        self._num_line_bytes = 0
+        if self._num_headers > self._limits.max_headers:
+            self._stop_head(self._head_too_large())
+
+    def _stop_head(self, error: HeadError) -> None:
+        self._head_started_s = None
+        self._stop(error.status, error.message, error.code)
 
     def on_headers_complete(self) -> None:
+        self._head_started_s = None
+        self._num_head_bytes = self._num_line_bytes = 0
+        self._is_in_body = True
         headers = self._headers
-        if self._parser.should_upgrade():
+        parser = self._parser
+        assert parser is not None  # only called from inside feed_data
+        version = parser.get_http_version()
+        host = headers.get("host")
+        if host is None or host != self._valid_host or self._num_hosts > 1:
+            error = check_host(host, self._num_hosts, version)
+            if error is not None:
+                self._stop_head(error)
+            self._valid_host = host
+        if "transfer-encoding" in headers:
+            error = check_transfer_encoding(headers, version)
+            if error is not None:
+                self._stop_head(error)
+        if parser.should_upgrade():
             self._stop(
                 400, "protocol upgrade (or CONNECT) is not supported", "upgrade_not_supported"
             )
@@ -146,6 +241,8 @@ class Connection(ConnectionErrors, asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         parser = self._parser
+        assert parser is not None  # only called from inside feed_data
+        self._is_in_body = False
         body = self._body
         url = self._url
         if url[:1] == b"/":
@@ -254,17 +351,36 @@ class Connection(ConnectionErrors, asyncio.Protocol):
             self.transport.write(wire.CONTINUE)
 
     # ---- connection control ----
+    def _check_every_s(self) -> float:
+        """Timer period: a head deadline is noticed within half its timeout."""
+        return min(self.server.keepalive_timeout_s, self._limits.head_timeout_s / 2)
+
     def _on_idle(self) -> None:
-        """The idle timer fired: closes the connection if nothing happened for the timeout."""
-        timeout_s = self.server.keepalive_timeout_s
-        if self._task is not None or self._pending:
-            remaining_s = timeout_s
-        else:
-            remaining_s = self._last_active_s + timeout_s - self._loop.time()
+        """The timer fired: 408 for a head past its deadline (however slowly its bytes
+        trickle in), close a connection idle for the keep-alive timeout, else re-arm."""
+        self._idle_timer = None
+        if self.is_closed:
+            return
+        now_s = self._loop.time()
+        period_s = self._check_every_s()
+        started_s = self._head_started_s
+        if started_s is not None and now_s - started_s >= self._limits.head_timeout_s:
+            timeout_s = self._limits.head_timeout_s
+            self._fail_head(
+                HeadError(
+                    408, f"request head not received within {timeout_s:g} s", "request_timeout"
+                )
+            )
+            if not self.is_closed and self._idle_timer is None:
+                self._idle_timer = self._loop.call_later(period_s, self._on_idle)
+            return
+        if started_s is None and self._task is None and not self._pending:
+            remaining_s = self._last_active_s + self.server.keepalive_timeout_s - now_s
             if remaining_s <= 0.0:
                 self.close()
                 return
-        self._idle_timer = self._loop.call_later(remaining_s, self._on_idle)
+            period_s = min(period_s, remaining_s)
+        self._idle_timer = self._loop.call_later(period_s, self._on_idle)
 
     async def drain(self) -> None:
         """Waits until the transport's buffer drains below its low-water mark."""

@@ -6,8 +6,11 @@ Hot path per request: the parser's callbacks fill a header dict and a body,
 :mod:`longroute.gateway.http_wire`). A connection runs one handler at a time:
 pipelined requests wait in a FIFO (reading paused meanwhile), so responses
 never interleave. Keep-alive follows HTTP/1.1; an idle connection closes after
-``keepalive_timeout_s`` (one timer per idle period, re-armed lazily).
-Protocol errors answer with an OpenAI-style JSON error and close the connection.
+``keepalive_timeout_s`` (one timer per connection, re-armed lazily). Request heads
+are bounded in size, lines and time (:class:`~longroute.gateway.http_head.HeadLimits`:
+414, 431, 408) and checked against RFC 9112's MUSTs (Host, Transfer-Encoding: 400,
+501). Protocol errors answer with an OpenAI-style JSON error and close the
+connection. A handler whose client disconnects is cancelled.
 The connection lives in :mod:`longroute.gateway.http_connection`, its error path in
 :mod:`longroute.gateway.http_errors`.
 """
@@ -18,8 +21,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from longroute.gateway import http_head as head
 from longroute.gateway import http_wire as wire
 from longroute.gateway.http_connection import Connection
+from longroute.gateway.http_head import HeadLimits
 from longroute.gateway.http_types import HttpRequest, HttpResponse
 from longroute.gateway.http_wire import ResponseStream
 
@@ -39,14 +44,24 @@ class HttpServer:
         keepalive_timeout_s: float = 75.0,
         server_header: str | None = "longroute",
         on_reject: Callable[[str], None] | None = None,
+        max_url_bytes: int = head.DEFAULT_MAX_URL_BYTES,
+        max_head_bytes: int = head.DEFAULT_MAX_HEAD_BYTES,
+        max_header_line_bytes: int = head.DEFAULT_MAX_HEADER_LINE_BYTES,
+        max_headers: int = head.DEFAULT_MAX_HEADERS,
+        head_timeout_s: float = head.DEFAULT_HEAD_TIMEOUT_S,
     ) -> None:
         """``on_reject(code)`` is called when the server itself answers a request with an
-        error (``malformed_request``, ``upgrade_not_supported``, ``request_too_large``),
-        before the handler ever sees it."""
+        error (``malformed_request``, ``upgrade_not_supported``, ``request_too_large``,
+        ``uri_too_long``, ``request_header_fields_too_large``, ``request_timeout``,
+        ``not_implemented``), before the handler ever sees it. The head limits are
+        :class:`~longroute.gateway.http_head.HeadLimits`'s (ValueError if not positive)."""
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
         if keepalive_timeout_s <= 0:
             raise ValueError(f"keepalive_timeout_s must be positive, got {keepalive_timeout_s}")
+        self.head_limits = HeadLimits(
+            max_url_bytes, max_head_bytes, max_header_line_bytes, max_headers, head_timeout_s
+        )
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.keepalive_timeout_s = keepalive_timeout_s
@@ -68,8 +83,8 @@ class HttpServer:
 
     async def close(self, grace_s: float = 5.0) -> None:
         """Stops accepting, closes idle connections, waits up to ``grace_s`` for in-flight
-        handlers (their responses say ``connection: close``), then closes every connection.
-        Handlers still running afterwards are not cancelled; their writes fail."""
+        handlers (their responses say ``connection: close``), then closes every connection;
+        handlers still running then are cancelled as their connections go."""
         self.is_closing = True
         if self._server is not None:
             self._server.close()
