@@ -38,6 +38,7 @@ from longroute.gateway.errors import GatewayError, bad_request
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import (
     CONTEXT_FIELDS,
+    MAX_MODEL_CHARS,
     ContextFields,
     ParsedBody,
     parse_context_fields,
@@ -45,6 +46,10 @@ from longroute.gateway.parse import (
 from longroute.gateway.prompt import chat_prompt_text, text_features, token_features
 from longroute.headers import SESSION_HEADER, TASK_HEADER, TRIED_HEADER
 from longroute.types import Request
+
+MAX_TRIED_MODELS = 32
+MAX_TASK_CHARS = 64
+MAX_SESSION_CHARS = 256
 
 
 class Job:
@@ -109,6 +114,7 @@ def authorize(headers: Mapping[str, str], keys: frozenset[str] | None) -> None:
             "Incorrect or missing API key (Authorization: Bearer ...)",
             kind="auth",
             code="invalid_api_key",
+            headers={"WWW-Authenticate": 'Bearer realm="longroute"'},  # RFC 9110 §11.6.1
         )
 
 
@@ -155,6 +161,8 @@ class RequestBuilder:
             if self.is_detecting_language:
                 language = detect_language(parsed.prompt_text)
         tried = tried_models(headers.get(TRIED_HEADER))
+        task = _bounded_header(headers, TASK_HEADER, MAX_TASK_CHARS)
+        session = _bounded_header(headers, SESSION_HEADER, MAX_SESSION_CHARS)
         max_tokens = parsed.max_output_tokens or self.default_max_tokens
         return Request(
             request_id=f"gw-{next(self._ids)}",
@@ -165,18 +173,34 @@ class RequestBuilder:
             block_size_tokens=self.block_size_tokens,
             model=model,
             language=language,
-            task=headers.get(TASK_HEADER, "").strip() or self.default_task,
-            session_id=headers.get(SESSION_HEADER) or parsed.user,
+            task=task or self.default_task,
+            session_id=session or parsed.user,
             attempt=1 + len(tried),
             tried_models=tried,
         )
 
 
 def tried_models(header: str | None) -> tuple[str, ...]:
-    """``x-longroute-tried: a, b`` -> ("a", "b"): models that already answered wrongly."""
+    """``x-longroute-tried: a, b`` -> ("a", "b"): models that already answered wrongly.
+
+    A 400 for more than MAX_TRIED_MODELS names or a name over MAX_MODEL_CHARS."""
     if not header:
         return ()
-    return tuple(m.strip() for m in header.split(",") if m.strip())
+    models = tuple(m.strip() for m in header.split(",") if m.strip())
+    if len(models) > MAX_TRIED_MODELS or any(len(m) > MAX_MODEL_CHARS for m in models):
+        raise bad_request(
+            f"header {TRIED_HEADER} must name at most {MAX_TRIED_MODELS} models of at most "
+            f"{MAX_MODEL_CHARS} characters each"
+        )
+    return models
+
+
+def _bounded_header(headers: Mapping[str, str], name: str, max_chars: int) -> str | None:
+    """The stripped value of header ``name`` (None if absent or blank); a 400 if too long."""
+    value = headers.get(name, "").strip()
+    if len(value) > max_chars:
+        raise bad_request(f"header {name} is longer than {max_chars} characters")
+    return value or None
 
 
 class ModelContext:

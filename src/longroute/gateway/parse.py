@@ -3,6 +3,10 @@
 Checks what routing and accounting rely on (``model``, ``messages`` or
 ``prompt``, ``stream``, ``max_tokens``, ``n``, ``user``); every other field
 passes through to the backend untouched. Errors are 400s naming the param.
+Every field read here has a bound (a hostile client cannot make a number
+overflow or a string fill a log line): the body must be strict UTF-8 JSON,
+nested at most as deep as the JSON decoder allows, and the text the gateway
+hashes must be valid Unicode (no lone surrogates such as ``"\ud800"``).
 
 :func:`parse_context_fields` reads the context-reuse extension (``documents``
 and ``conversation_id``); the gateway calls it only when context reuse is on.
@@ -27,6 +31,12 @@ CONTEXT_FIELDS = (DOCUMENTS_FIELD, CONVERSATION_FIELD)
 DOCUMENT_KEYS = ("id", "text")
 MAX_DOCUMENT_ID_CHARS = 256
 MAX_CONVERSATION_ID_CHARS = 256
+MAX_MODEL_CHARS = 256
+MAX_USER_CHARS = 1024
+MAX_ROLE_CHARS = 64
+MAX_OUTPUT_TOKENS = 1 << 24  # beyond any engine's context; keeps token arithmetic finite
+MAX_CHOICES = 128  # as the OpenAI API
+MAX_TOKEN_ID = (1 << 32) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,48 +75,76 @@ class ContextFields:
 
 def parse_body(raw: bytes, route: str) -> ParsedBody:
     """Validate ``raw`` for ``route`` (one of :data:`ROUTES`); raises a 400 GatewayError."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}") from None
+    body = decode_json(raw)
     if not isinstance(body, dict):
         raise bad_request(f"the body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required and must be a non-empty string", "model")
+    model = _identifier(body.get("model"), "model", MAX_MODEL_CHARS)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "stream")
-    max_tokens = _optional_positive_int(body, "max_completion_tokens")
+    max_tokens = _optional_int(body, "max_completion_tokens", MAX_OUTPUT_TOKENS)
     if max_tokens is None:
-        max_tokens = _optional_positive_int(body, "max_tokens")
+        max_tokens = _optional_int(body, "max_tokens", MAX_OUTPUT_TOKENS)
     user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise bad_request("'user' must be a string", "user")
+    if user is not None:
+        user = _identifier(user, "user", MAX_USER_CHARS)
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     if route == ROUTE_CHAT:
         text = chat_prompt_text(_messages(body))
     else:
         text, token_ids = _prompt(body)
+    if text is not None:
+        _check_unicode(text, "messages" if route == ROUTE_CHAT else "prompt")
     return ParsedBody(
         body=body,
         model=model,
         is_stream=bool(stream),
         max_output_tokens=max_tokens,
-        num_choices=_optional_positive_int(body, "n") or 1,
+        num_choices=_optional_int(body, "n", MAX_CHOICES) or 1,
         user=user,
         prompt_text=text,
         prompt_token_ids=token_ids,
     )
 
 
-def _optional_positive_int(body: dict[str, Any], key: str) -> int | None:
+def decode_json(raw: bytes) -> Any:
+    """``raw`` as strict UTF-8 JSON; a 400 for invalid UTF-8 (encoded surrogates included),
+    invalid JSON, or nesting deeper than the decoder's recursion limit."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise bad_request(
+            f"the body is not valid UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
+    except RecursionError:
+        raise bad_request("the body's JSON is nested too deeply") from None
+    except ValueError as exc:
+        raise bad_request(f"the body is not valid JSON: {str(exc)[:200]}") from None
+
+
+def _check_unicode(text: str, param: str) -> None:
+    """A 400 unless ``text`` encodes as UTF-8 (a lone surrogate, e.g. ``"\ud800"``, does not)."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(
+            f"'{param}' contains an invalid Unicode code point at character {exc.start} "
+            "(a lone surrogate)",
+            param,
+        ) from None
+
+
+def _optional_int(body: dict[str, Any], key: str, maximum: int) -> int | None:
+    """``body[key]`` if absent/null (None) or an integer in 1..maximum, else a 400."""
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise bad_request(f"{key!r} must be a positive integer, got {value!r}", key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        shown = repr(value) if not isinstance(value, int) or value < 10**12 else "too large"
+        raise bad_request(f"{key!r} must be an integer from 1 to {maximum}, got {shown[:64]}", key)
     return value
 
 
@@ -118,8 +156,12 @@ def _messages(body: dict[str, Any]) -> list[dict[str, object]]:
         where = f"messages[{i}]"
         if not isinstance(message, dict):
             raise bad_request(f"{where} must be an object", where)
-        if not isinstance(message.get("role"), str):
-            raise bad_request(f"{where}.role is required and must be a string", f"{where}.role")
+        role = message.get("role")
+        if not isinstance(role, str) or not 0 < len(role) <= MAX_ROLE_CHARS:
+            raise bad_request(
+                f"{where}.role is required: a string of 1 to {MAX_ROLE_CHARS} characters",
+                f"{where}.role",
+            )
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise bad_request(
@@ -144,13 +186,13 @@ def _prompt(body: dict[str, Any]) -> tuple[str | None, tuple[int, ...] | None]:
             return None, tuple(t for p in prompt for t in p)
     raise bad_request(
         "'prompt' is required: a string, an array of strings, an array of token ids "
-        "or an array of such arrays",
+        f"(integers from 0 to {MAX_TOKEN_ID}) or an array of such arrays",
         "prompt",
     )
 
 
 def _is_token_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKEN_ID
 
 
 def parse_context_fields(
@@ -214,6 +256,7 @@ def _document(entry: object, index: int) -> Document:
             f"'{where}.text' is required and must be a string, got {_type_name(text)}",
             f"{where}.text",
         )
+    _check_unicode(text, f"{where}.text")
     return Document(doc_id, text)
 
 
@@ -225,8 +268,10 @@ def _conversation_id(body: dict[str, Any]) -> str | None:
 
 
 def _identifier(value: object, where: str, max_chars: int) -> str:
-    """``value`` if it is a string of 1 to ``max_chars`` characters, else a 400 naming ``where``."""
+    """``value`` if it is a string of 1 to ``max_chars`` valid Unicode characters, else a 400
+    naming ``where``."""
     if isinstance(value, str) and 0 < len(value) <= max_chars:
+        _check_unicode(value, where)
         return value
     got = f"{len(value)} characters" if isinstance(value, str) else _type_name(value)
     raise bad_request(
