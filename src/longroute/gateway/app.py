@@ -28,7 +28,7 @@ from longroute.clock import WallClock
 from longroute.gateway.admission import Admission
 from longroute.gateway.backends import build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
-from longroute.gateway.errors import SERVER_ERROR, GatewayError
+from longroute.gateway.errors import SERVER_ERROR, GatewayError, bad_request
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.http_server import Handler, HttpServer, ResponseStream
 from longroute.gateway.http_types import JSON_TYPE, HttpRequest, HttpResponse
@@ -36,6 +36,7 @@ from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authoriz
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.proxy import Proxy
+from longroute.gateway.redact import RedactingFilter, Redactor
 from longroute.gateway.wiring import models_body, monitors
 from longroute.routing import ROUTERS
 from longroute.routing.fleet_view import FleetView
@@ -44,6 +45,15 @@ log = logging.getLogger("longroute.gateway")
 
 # how long a stopping gateway lets in-flight requests finish
 STOP_GRACE_S = 5.0
+# the status counted for a request whose client left before its answer (nginx's 499)
+CLIENT_CLOSED_STATUS = 499
+# the server's own rejections (its error code) -> longroute_errors_total{kind}
+_REJECT_KINDS = {
+    "request_too_large": "body_too_large",
+    "uri_too_long": "head_too_large",
+    "request_header_fields_too_large": "head_too_large",
+    "request_timeout": "head_timeout",
+}
 
 
 class Gateway:
@@ -54,6 +64,11 @@ class Gateway:
         self.clock = WallClock()
         self.backends = build_backends(config, secrets.backend_api_keys)
         self.client_api_keys = secrets.client_api_keys
+        self.redactor = Redactor(
+            [*secrets.backend_api_keys.values(), *(secrets.client_api_keys or ())]
+        )
+        # every gateway log record is redacted and kept on one line (see redact.py)
+        self.log_filter = RedactingFilter(self.redactor)
         self.router = ROUTERS.build(
             config.router.name, config.router.params, rng=random.Random(config.router.seed)
         )
@@ -80,6 +95,7 @@ class Gateway:
             self.metrics,
             config.admission,
             keepalive_s=config.backend_keepalive_s,
+            redactor=self.redactor,
         )
         self.rtt, self.scraper = monitors(config, self.backends, self.fleet, self.clock)
         # served models map to themselves, aliases to their target (a model or "auto")
@@ -142,6 +158,7 @@ class Gateway:
         response: HttpResponse | None
         try:
             authorize(http_request.headers, self.client_api_keys)
+            check_content_type(http_request.headers.get("content-type"))
             raw = http_request.body
             parsed = parse_body(raw, route)
             target = self.models.get(parsed.model)
@@ -163,6 +180,15 @@ class Gateway:
         except GatewayError as err:
             self.metrics.errors.labels(err.kind).inc()
             response = err.response()
+        except RecursionError:  # e.g. re-serialising a body nested as deep as the decoder allows
+            self.metrics.errors.labels("bad_request").inc()
+            response = bad_request("the body's JSON is nested too deeply").response()
+        except (asyncio.CancelledError, ConnectionResetError):
+            # the client went away (the server cancels its handler, or a write found it gone):
+            # its work stopped there, and the backend connection was dropped with it
+            self.metrics.errors.labels("client_disconnect").inc()
+            self.metrics.count_request(route, model_label, endpoint, CLIENT_CLOSED_STATUS)
+            raise
         except Exception:  # a bug must still give the client an answer
             log.exception("unexpected error while serving %s", route)
             self.metrics.errors.labels("internal").inc()
@@ -235,6 +261,7 @@ class Gateway:
     # ---- lifecycle -------------------------------------------------------------
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         """Opens the monitoring loops, then listens; returns the bound (host, port) pairs."""
+        log.addFilter(self.log_filter)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
                 limit_per_host=4,  # probes and scrapes only: the traffic has its own pools
@@ -246,10 +273,17 @@ class Gateway:
         loops = [self.health.run(self._session)]
         loops += [m.run(self._session) for m in (self.rtt, self.scraper) if m is not None]
         self.background_tasks = [asyncio.create_task(loop) for loop in loops]
+        limits = self.config.http
         self._server = HttpServer(
             self.dispatch,
             max_body_bytes=self.config.admission.max_body_bytes,
             on_reject=self._count_rejected,
+            keepalive_timeout_s=limits.keepalive_timeout_s,
+            max_url_bytes=limits.max_url_bytes,
+            max_head_bytes=limits.max_head_bytes,
+            max_header_line_bytes=limits.max_header_line_bytes,
+            max_headers=limits.max_headers,
+            head_timeout_s=limits.head_timeout_s,
         )
         try:
             return await self._server.start(host, port)
@@ -258,9 +292,9 @@ class Gateway:
             raise
 
     def _count_rejected(self, code: str) -> None:
-        """The server answered 400/413 itself (malformed HTTP, body over the limit)."""
-        kind = "body_too_large" if code == "request_too_large" else "bad_request"
-        self.metrics.errors.labels(kind).inc()
+        """The server answered a request itself (malformed HTTP, a head or body over its
+        limit, a head past its deadline)."""
+        self.metrics.errors.labels(_REJECT_KINDS.get(code, "bad_request")).inc()
 
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Stops listening, lets in-flight requests finish (up to ``grace_s``), closes the rest."""
@@ -275,6 +309,7 @@ class Gateway:
             await self._session.close()
             self._session = None
         await self.proxy.close()
+        log.removeFilter(self.log_filter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +341,24 @@ async def serve_gateway(
         yield RunningGateway(f"http://{bound_host}:{bound_port}", gateway)
     finally:
         await gateway.stop()
+
+
+def check_content_type(content_type: str | None) -> None:
+    """A 415 unless the body is sent as JSON: ``application/json`` or ``application/*+json``
+    (parameters such as charset allowed); no Content-Type is taken as JSON, as FastAPI does."""
+    if content_type is None or content_type == JSON_TYPE:
+        return
+    media_type = content_type.partition(";")[0].strip().lower()
+    if media_type == JSON_TYPE or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        return
+    raise GatewayError(
+        415,
+        f"the body must be sent as {JSON_TYPE}, not {content_type[:64]!r}",
+        kind="unsupported_media_type",
+        code="unsupported_media_type",
+    )
 
 
 def _model_not_found(model: str) -> GatewayError:

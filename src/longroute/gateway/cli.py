@@ -68,6 +68,8 @@ def serve_command(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:  # every library's records too (aiohttp, ...)
+        handler.addFilter(gateway.log_filter)
     bind_host = host if host is not None else gateway_config.listen.host
     bind_port = port if port is not None else gateway_config.listen.port
     logging.getLogger("longroute.gateway").info(

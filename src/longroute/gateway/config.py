@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from longroute.config import ConfigError, read_yaml, validate_mapping
 from longroute.routing.fleet_view import AUTO_MODEL
 
-MIB_BYTES = 1024 * 1024
+KIB_BYTES = 1024
+MIB_BYTES = 1024 * KIB_BYTES
 
 
 class _Model(BaseModel):
@@ -82,10 +83,37 @@ class AdmissionConfig(_Model):
     connect_timeout_s: float = Field(5.0, gt=0, description="TCP connect timeout per attempt.")
     max_body_bytes: int = Field(8 * MIB_BYTES, ge=1, description="Largest request body (413).")
     max_retries: int = Field(2, ge=0, description="Failover attempts after the first.")
+    max_request_failures: int = Field(
+        2,
+        ge=1,
+        description="Backends that may fail one request after it reached them (5xx, a dropped "
+        "connection) before it is answered with its error: a request that fails everywhere "
+        "is the request's fault, never counted against a backend's health.",
+    )
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 429.")
     queue_policy: str = Field("fcfs", description="Registered queue policy of the gateway queue.")
     default_max_tokens: int = Field(
         256, ge=1, description="Expected output tokens when a request gives no max_tokens."
+    )
+
+
+class HttpConfig(_Model):
+    """Limits of the gateway's HTTP server towards clients (over a limit: 414, 431 or 408)."""
+
+    keepalive_timeout_s: float = Field(75.0, gt=0, description="Idle keep-alive of a client.")
+    max_url_bytes: int = Field(8 * KIB_BYTES, ge=1, description="Longest request target (414).")
+    max_head_bytes: int = Field(
+        32 * KIB_BYTES, ge=1, description="Largest request head: request line + headers (431)."
+    )
+    max_header_line_bytes: int = Field(
+        8 * KIB_BYTES, ge=1, description="Longest header line (431)."
+    )
+    max_headers: int = Field(100, ge=1, description="Most header lines in a request (431).")
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request head must arrive within this after its first byte "
+        "(408), however slowly it trickles in (slowloris).",
     )
 
 
@@ -131,6 +159,7 @@ class GatewayConfig(_Model):
     )
     admission: AdmissionConfig = Field(default_factory=lambda: AdmissionConfig())
     health: HealthConfig = Field(default_factory=lambda: HealthConfig())
+    http: HttpConfig = Field(default_factory=lambda: HttpConfig())
     rtt_probe_interval_s: float | None = Field(
         5.0, gt=0, description="Seconds between RTT probes (None = off)."
     )

@@ -88,3 +88,16 @@ def all_failed_error(tried: tuple[str, ...], last_message: str) -> GatewayError:
         type_=SERVER_ERROR,
         code="backend_error",
     )
+
+
+def request_failed_error(backends: tuple[str, ...], last_message: str) -> GatewayError:
+    """A request that failed on every backend it reached: most likely the request's own fault
+    (e.g. a prompt the engines cannot handle), so it is not tried further."""
+    return GatewayError(
+        502,
+        f"the request failed on {len(backends)} backend(s) ({', '.join(backends)}) and is not "
+        f"retried further; last error: {last_message}",
+        kind="request_failed",
+        type_=SERVER_ERROR,
+        code="backend_error",
+    )

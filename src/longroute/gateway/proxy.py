@@ -1,12 +1,23 @@
 """Forwarding with failover: one client request, one or more backend attempts.
 
 An attempt may fail over to another backend only while no byte has reached
-the client: on a connect error or timeout, a 5xx status, or the backend
-breaking off before its first body byte. Each failed backend joins the
-request's ``tried_endpoints`` and is never tried again for it. Once bytes
-went out, nothing is replayed: a backend that dies mid-stream ends the
-client's stream with an SSE error event. Every attempt runs under the
-request's deadline, so nothing waits forever.
+the client: on a connect error or timeout, a 5xx status, a refusal of the
+gateway's credentials, or the backend breaking off before its first body byte.
+Each failed backend joins the request's ``tried_endpoints`` and is never tried
+again for it. Once bytes went out, nothing is replayed: a backend that dies
+mid-stream ends the client's stream with an SSE error event. Every attempt runs
+under the request's deadline, so nothing waits forever.
+
+Failure accounting (the circuit breakers): a backend that cannot be reached is
+charged at once. A failure after the request was sent (5xx, a dropped
+connection, an empty stream) may be the request's own fault (a prompt the
+engine cannot handle), so it is charged only if the same request then succeeds
+on another backend; and a request that fails so on ``max_request_failures``
+backends is answered with its error, not tried further. A poison request thus
+costs at most that many attempts and never opens a breaker.
+
+Nothing a backend says reaches the client unredacted: error bodies go through
+:mod:`longroute.gateway.backend_errors`, 2xx bodies lose any quoted backend key.
 
 Streams are relayed chunk by chunk as they arrive, without parsing or
 re-serialising them. Backends are reached through one keep-alive
@@ -22,6 +33,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from longroute.gateway.admission import Admission, Grant, QueueFullError, QueueTimeoutError
+from longroute.gateway.backend_errors import (
+    CREDENTIAL_STATUSES,
+    MAX_ERROR_BODY_BYTES,
+    log_preview,
+    relayed_client_error,
+)
 from longroute.gateway.backends import Backend
 from longroute.gateway.config import AdmissionConfig
 from longroute.gateway.errors import (
@@ -29,14 +46,16 @@ from longroute.gateway.errors import (
     GatewayError,
     all_failed_error,
     overloaded_error,
+    request_failed_error,
     sse_error_event,
     timeout_error,
 )
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.http_server import ResponseStream
-from longroute.gateway.http_types import HttpResponse
+from longroute.gateway.http_types import JSON_TYPE, HttpResponse
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
+from longroute.gateway.redact import Redactor
 from longroute.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER
 from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
@@ -45,26 +64,39 @@ from longroute.types import Request
 log = logging.getLogger("longroute.gateway")
 
 BACKEND_ERRORS = (UpstreamError, TimeoutError, OSError)
-MAX_ERROR_DETAIL_CHARS = 300
 # how long the error event of a broken stream may wait on a client that does not read
 STALLED_CLIENT_GRACE_S = 1.0
+MAX_WHOLE_RESPONSE_BYTES = 256 * 1024 * 1024
+"""Largest non-streamed backend answer relayed (a backend cannot fill the gateway's memory)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Failure:
-    """An attempt that failed before any byte reached the client: try another backend."""
+    """An attempt that failed before any byte reached the client: try another backend.
+
+    ``message`` may be shown to the client (it names the backend and what
+    happened, never the backend's own words); ``detail`` is for the log
+    (redacted, one line). ``is_sent``: the request reached the backend, so the
+    failure may be the request's fault (see the module doc).
+    """
 
     kind: str
     message: str
+    detail: str
+    is_sent: bool
 
 
 class _Outcome:
-    """What one attempt did, for the accounting in its ``finally``."""
+    """What one attempt did, for the accounting in its ``finally`` and in ``forward``.
 
-    __slots__ = ("has_first_byte", "is_ok")
+    ``is_answered``: the backend gave a 2xx (its first byte, when streamed).
+    """
+
+    __slots__ = ("has_first_byte", "is_answered", "is_ok")
 
     def __init__(self) -> None:
         self.has_first_byte = False
+        self.is_answered = False
         self.is_ok = False
 
 
@@ -83,8 +115,10 @@ class Proxy:
         config: AdmissionConfig,
         *,
         keepalive_s: float,
+        redactor: Redactor,
     ) -> None:
         self.backends = backends
+        self.redactor = redactor
         self.admission = admission
         self.health = health
         self.metrics = metrics
@@ -115,28 +149,40 @@ class Proxy:
         """
         request = job.request
         failure: _Failure | None = None
+        suspects: list[str] = []  # backends that failed it after it was sent: not charged yet
         for attempt_index in range(self.config.max_retries + 1):
             if failure is not None:
                 self.metrics.retries.inc()
             grant = await self._acquire(job, request, failure)
             backend = self.backends[grant.endpoint]
-            result = await self._attempt(stream, job, request, backend)
+            outcome = _Outcome()
+            result = await self._attempt(stream, job, request, backend, outcome)
             if not isinstance(result, _Failure):
+                if outcome.is_answered:  # it was theirs: the request is fine elsewhere
+                    for name in suspects:
+                        self.health.record(name, False)
                 return result, backend.name
             failure = result
             self.metrics.errors.labels(result.kind).inc()
             log.debug(
-                "attempt %d of %s on %s failed: %s",
+                "attempt %d of %s on %s failed: %s (%s)",
                 attempt_index + 1,
                 request.request_id,
                 backend.name,
                 result.message,
+                result.detail,
             )
             request = replace(
                 request,
                 attempt=request.attempt + 1,
                 tried_endpoints=(*request.tried_endpoints, backend.name),
             )
+            if not result.is_sent:
+                self.health.record(backend.name, False)
+                continue
+            suspects.append(backend.name)
+            if len(suspects) >= self.config.max_request_failures:
+                raise request_failed_error(tuple(suspects), failure.message)
         assert failure is not None
         raise all_failed_error(request.tried_endpoints, failure.message)
 
@@ -182,10 +228,14 @@ class Proxy:
         )
 
     async def _attempt(
-        self, stream: ResponseStream, job: Job, request: Request, backend: Backend
+        self,
+        stream: ResponseStream,
+        job: Job,
+        request: Request,
+        backend: Backend,
+        outcome: _Outcome,
     ) -> HttpResponse | _Failure | None:
         """One try on ``backend``; always gives its slot back."""
-        outcome = _Outcome()
         try:
             return await self._exchange(stream, job, request, backend, outcome)
         finally:
@@ -206,16 +256,17 @@ class Proxy:
             async with asyncio.timeout(max(job.seconds_left(), 0.001)):
                 response = await pool.request("POST", job.route, job.body_for(backend))
                 try:
-                    if response.status >= 500:
-                        detail = await _error_detail(response)
-                        self.health.record(backend.name, False)
-                        return _Failure("backend_5xx", f"{backend.name} answered HTTP {detail}")
-                    if job.parsed.is_stream and response.status == 200:
+                    status = response.status
+                    if status >= 500 or status in CREDENTIAL_STATUSES:
+                        return await self._answered_failure(backend, response)
+                    if job.parsed.is_stream and status == 200:
                         chunk = await response.next_chunk()
                         if not chunk:
-                            self.health.record(backend.name, False)
                             return _Failure(
-                                "backend_empty", f"{backend.name} ended the stream before any byte"
+                                "backend_empty",
+                                f"backend {backend.name} ended the stream before any byte",
+                                "",
+                                is_sent=True,
                             )
                     else:
                         return await self._relay_whole(backend, response, outcome)
@@ -230,24 +281,43 @@ class Proxy:
             response.release()
         return None
 
+    async def _answered_failure(self, backend: Backend, response: UpstreamResponse) -> _Failure:
+        """A 5xx or a refusal of the gateway's credentials: the client never sees its body."""
+        status = response.status
+        try:
+            detail = log_preview(await response.read(MAX_ERROR_BODY_BYTES), self.redactor)
+        except UpstreamError:
+            detail = "(body unreadable)"
+        if status in CREDENTIAL_STATUSES:
+            message = f"backend {backend.name} refused the gateway's credentials (HTTP {status})"
+            return _Failure("backend_auth", message, detail, is_sent=True)
+        message = f"backend {backend.name} answered HTTP {status}"
+        return _Failure("backend_5xx", message, detail, is_sent=True)
+
     def _backend_failed(self, job: Job, backend: Backend, exc: BaseException) -> _Failure:
         if job.seconds_left() <= 0:
             raise timeout_error(job.request.request_id)
-        self.health.record(backend.name, False)
-        kind = "backend_connect"
-        if isinstance(exc, UpstreamError) and exc.kind != "connect":
-            kind = "backend_disconnect"
-        return _Failure(kind, f"{backend.name}: {type(exc).__name__}: {exc}")
+        detail = self.redactor.text(f"{type(exc).__name__}: {exc}", 500)
+        if isinstance(exc, UpstreamError) and exc.kind == "connect":
+            message = f"backend {backend.name} could not be reached"
+            return _Failure("backend_connect", message, detail, is_sent=False)
+        message = f"backend {backend.name} broke off before answering"
+        return _Failure("backend_disconnect", message, detail, is_sent=True)
 
     async def _relay_whole(
         self, backend: Backend, response: UpstreamResponse, outcome: _Outcome
     ) -> HttpResponse:
-        data = await response.read()
+        status = response.status
+        if status >= 400:  # the request's own fault (5xx and 401/403/407 failed over before)
+            data = await response.read(MAX_ERROR_BODY_BYTES)
+            body = relayed_client_error(status, data, self.redactor, backend.name)
+            content_type = JSON_TYPE
+        else:
+            body = self.redactor.body(await response.read(MAX_WHOLE_RESPONSE_BYTES))
+            content_type = response.content_type
         self.health.record(backend.name, True)
-        outcome.is_ok = response.status < 400
-        return HttpResponse(
-            response.status, data, response.content_type, self._headers[backend.name]
-        )
+        outcome.is_ok = outcome.is_answered = status < 400
+        return HttpResponse(status, body, content_type, self._headers[backend.name])
 
     async def _relay_stream(
         self,
@@ -260,21 +330,20 @@ class Proxy:
         outcome: _Outcome,
     ) -> None:
         """Bytes reached us: from here on nothing is replayed, whatever happens."""
-        outcome.has_first_byte = True
+        outcome.has_first_byte = outcome.is_answered = True
         self.admission.first_byte(request, backend.name)
         self.metrics.ttft.observe(time.monotonic() - job.started_s)
         stream.start(200, self._stream_headers[backend.name], response.content_type)
         try:
             # the deadline bounds both a silent backend and a client that stopped reading
             async with asyncio.timeout(max(job.seconds_left(), 0.0)):
+                redactor = self.redactor
                 while chunk:
-                    await stream.write(chunk)
+                    await stream.write(redactor.body(chunk))
                     chunk = await response.next_chunk()
             await stream.end()
             self.health.record(backend.name, True)
             outcome.is_ok = True
-        except ConnectionResetError:  # the client went away; release() drops the backend too
-            self.metrics.errors.labels("client_disconnect").inc()
         except (UpstreamError, TimeoutError) as exc:
             await self._end_broken_stream(stream, job, backend, exc)
 
@@ -288,7 +357,8 @@ class Proxy:
             kind, message = "midstream", f"backend {backend.name} failed mid-stream"
             self.health.record(backend.name, False)
         self.metrics.errors.labels(kind).inc()
-        log.warning("%s: %s (%s: %s)", job.request.request_id, message, type(exc).__name__, exc)
+        detail = self.redactor.text(f"{type(exc).__name__}: {exc}", 500)
+        log.warning("%s: %s (%s)", job.request.request_id, message, detail)
         try:  # a client that does not read gets its connection closed instead
             async with asyncio.timeout(STALLED_CLIENT_GRACE_S):
                 await stream.write(b"\n\n" + sse_error_event(message, kind))
@@ -301,11 +371,3 @@ class Proxy:
 
 def _backend_headers(backend: Backend) -> dict[str, str]:
     return {ENDPOINT_HEADER: backend.name, MODEL_HEADER: backend.model}
-
-
-async def _error_detail(response: UpstreamResponse) -> str:
-    try:
-        text = (await response.read()).decode(errors="replace")
-    except UpstreamError:
-        text = ""
-    return f"{response.status}: {text[:MAX_ERROR_DETAIL_CHARS]}".rstrip(": ")

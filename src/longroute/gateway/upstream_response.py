@@ -76,14 +76,25 @@ class UpstreamResponse:
         """The Content-Type header as sent (with parameters), else application/octet-stream."""
         return self.headers.get("content-type", DEFAULT_CONTENT_TYPE)
 
-    async def read(self) -> bytes:
-        """The whole remaining body; then releases the connection. Raises UpstreamError."""
-        if self._is_complete and self._error is None:
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The whole remaining body; then releases the connection. Raises UpstreamError, with
+        kind "protocol" once the body exceeds ``max_bytes`` (a backend cannot fill memory)."""
+        if self._is_complete and self._error is None and max_bytes is None:
             body = self._take()
             self.release()
             return body
         parts: list[bytes] = []
+        num_bytes = 0
         while chunk := await self.next_chunk():
+            num_bytes += len(chunk)
+            if max_bytes is not None and num_bytes > max_bytes:
+                self._conn.close()
+                self.release()
+                raise UpstreamError(
+                    "protocol",
+                    f"{self._conn.label}: response body over {max_bytes} bytes",
+                    is_before_response=False,
+                )
             parts.append(chunk)
         return b"".join(parts)
 
