@@ -74,6 +74,13 @@ def emulate_command(
     correctness_seed: Annotated[
         int, typer.Option(help="Seed of the correctness verdicts (needs --accuracy-table).")
     ] = 0,
+    poison_marker: Annotated[
+        str | None,
+        typer.Option(
+            help="Prompts containing this text are answered 500 every time, like a prompt "
+            "the engine cannot handle (default: none)."
+        ),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible engine emulator timed by the simulator's engine model."""
     from longroute.emulator.correctness import build_judge
@@ -102,6 +109,7 @@ def emulate_command(
             accuracy_table=accuracy_table,
             temperature=temperature,
             correctness_seed=correctness_seed,
+            poison_marker=poison_marker,
         )
         # unknown profiles (ProfileError), a model that does not fit, bad limits
         build_endpoint(options, build_predictor(options))

@@ -140,18 +140,22 @@ class EngineDriver:
         self._arm()
         return stream
 
-    def abort(self, stream: TokenStream) -> None:
+    def abort(self, stream: TokenStream) -> bool:
         """The client went away: free the request's seat and KV memory, as vLLM does.
 
-        A no-op once the stream has all its tokens (the sequence finished).
+        A no-op once the stream has all its tokens (the sequence finished);
+        returns whether unfinished work was stopped.
         """
         seq = stream.seq
         if seq is None or stream.num_published >= stream.num_output_tokens:
-            return
+            return False
         self.advance()
+        if stream.num_published >= stream.num_output_tokens:
+            return False  # it finished just now
         if self.engine.abort(seq, self.now_s()):
             self._running.pop(stream, None)
         self._arm()
+        return True
 
     def advance(self) -> None:
         """Run the engine up to now and publish new tokens (also before /metrics reads)."""

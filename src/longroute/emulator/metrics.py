@@ -10,6 +10,11 @@ latency and time per output token in seconds, measured from the request's
 arrival at the engine (not counting the emulated network delay), in wall
 seconds (emulated seconds divided by the speed factor).
 
+``longroute:requests_received_total{model_name}`` counts valid generation
+requests that reached the engine's front end, ``longroute:requests_aborted_total``
+those whose client left before their last token (their work stopped then), and
+``longroute:requests_poisoned_total`` those answered 500 for a poison prompt.
+
 With an accuracy table, ``longroute:kv_answers_total{model_name, outcome}``
 counts KV-lookup answers by ``outcome`` ("correct" or "wrong"), when the
 verdict is decided (the request passed its fault decisions).
@@ -74,6 +79,15 @@ class EmulatorMetrics:
             ["model_name", "outcome"],
             registry=reg,
         )
+        self.requests_received = counter(
+            "longroute:requests_received", "Valid generation requests received."
+        ).labels(model_name)
+        self.requests_aborted = counter(
+            "longroute:requests_aborted", "Requests whose client left before their last token."
+        ).labels(model_name)
+        self.requests_poisoned = counter(
+            "longroute:requests_poisoned", "Requests answered 500 for a poison prompt."
+        ).labels(model_name)
         self._ttft = histogram(
             "vllm:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS_S
         )

@@ -38,6 +38,10 @@ class EmulatorOptions:
     assumes (0: the same prompt always gets the same verdict; the request's
     own ``temperature`` field is ignored) and ``correctness_seed`` seeds its
     draws; both need a table.
+
+    ``poison_marker``: a prompt whose text contains it is answered 500, every
+    time, as an engine answers a prompt it cannot handle (for testing that one
+    client's requests cannot take a fleet down); None: no such prompt.
     """
 
     profile: str
@@ -61,6 +65,7 @@ class EmulatorOptions:
     accuracy_table: str | None = None
     temperature: float = 0.0
     correctness_seed: int = 0
+    poison_marker: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_gpus", self.num_gpus, 1)
@@ -92,6 +97,8 @@ class EmulatorOptions:
             raise ValueError("served_model_name must not be empty")
         if not self.host.strip():
             raise ValueError("host must not be empty")
+        if self.poison_marker is not None and not self.poison_marker:
+            raise ValueError("poison_marker must not be empty (leave it unset to turn it off)")
 
     def _check_correctness(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0.0):

@@ -141,6 +141,14 @@ class Emulator:
         except ApiError as err:
             await self._travel()
             return _error_response(err)
+        self.metrics.requests_received.inc()
+        marker = self.options.poison_marker
+        if marker is not None and parsed.text is not None and marker in parsed.text:
+            self.metrics.requests_poisoned.inc()
+            await self._travel()
+            message = "the engine failed on this prompt"
+            poison = ApiError(500, message, error_type="internal_server_error", code="poisoned")
+            return _error_response(poison)
         plan = self.faults.next_plan()
         if plan.is_error:
             await self._travel()
@@ -175,7 +183,8 @@ class Emulator:
                 return await self._stream(request, parsed, stream, renderer, plan)
             return await self._whole(parsed, stream, renderer)
         finally:
-            self.driver.abort(stream)  # the client left early (or a no-op: it finished)
+            if self.driver.abort(stream):  # the client left early (else a no-op: it finished)
+                self.metrics.requests_aborted.inc()
 
     def _verdict(self, request: web.Request, parsed: ParsedRequest) -> KvVerdict | None:
         """The KV-lookup verdict of a request (None: no table, or no question); counted."""
