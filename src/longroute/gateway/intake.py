@@ -114,7 +114,7 @@ def authorize(headers: Mapping[str, str], keys: frozenset[str] | None) -> None:
             "Incorrect or missing API key (Authorization: Bearer ...)",
             kind="auth",
             code="invalid_api_key",
-            headers={"WWW-Authenticate": 'Bearer realm="longroute"'},  # RFC 9110 §11.6.1
+            headers={"www-authenticate": 'Bearer realm="longroute"'},  # RFC 9110 §11.6.1
         )
 
 
