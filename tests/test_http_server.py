@@ -887,3 +887,24 @@ def test_date_line_is_formatted_once_a_second(monkeypatch: pytest.MonkeyPatch) -
     second = http_wire.date_line()
     assert first == b"date: Sun, 09 Sep 2001 01:46:40 GMT\r\n"
     assert second == b"date: Sun, 09 Sep 2001 01:46:41 GMT\r\n"
+
+
+@async_test
+async def test_a_body_trickling_past_its_deadline_gets_408_and_closes() -> None:
+    """Slow POST: each byte would re-arm an idle timer; the body's deadline does not move."""
+    async with serving(body_timeout_s=0.4) as served:
+        reader, writer = await served.connect()
+        writer.write(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n")
+        started_s = time.monotonic()
+        for _ in range(12):  # a byte every 0.05 s, far slower than the 100 bytes need
+            if reader.at_eof():
+                break
+            writer.write(b"x")
+            await asyncio.sleep(0.05)
+        reply = await asyncio.wait_for(read_reply(reader), 2.0)
+        assert reply.status == 408
+        assert json.loads(reply.body)["error"]["code"] == "request_timeout"
+        assert "body" in json.loads(reply.body)["error"]["message"]
+        assert await is_at_eof(reader)
+        assert time.monotonic() - started_s < 0.4 * 1.5 + 0.5
+        writer.close()

@@ -284,6 +284,7 @@ class Gateway:
             max_header_line_bytes=limits.max_header_line_bytes,
             max_headers=limits.max_headers,
             head_timeout_s=limits.head_timeout_s,
+            body_timeout_s=limits.body_timeout_s,
         )
         try:
             return await self._server.start(host, port)

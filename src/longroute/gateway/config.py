@@ -115,6 +115,9 @@ class HttpConfig(_Model):
         description="A request head must arrive within this after its first byte "
         "(408), however slowly it trickles in (slowloris).",
     )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="A request body must arrive within this after its head (408)."
+    )
 
 
 class HealthConfig(_Model):

@@ -54,9 +54,11 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         self._parser: HttpRequestParser | None = HttpRequestParser(self)
         self._url = b""
         self._headers: dict[str, str] = {}
-        # the head being read: when its first byte came (None between heads), its bytes fed,
-        # those since the last complete header line, its header lines and Host lines
-        self._head_started_s: float | None = None
+        # the message being read: since when and with what timeout (None between messages);
+        # of its head: the bytes fed, those since the last complete header line, its header
+        # lines and Host lines
+        self._read_started_s: float | None = None
+        self._read_timeout_s = self._limits.head_timeout_s
         self._is_in_body = False
         self._num_head_bytes = 0
         self._num_line_bytes = 0
@@ -149,7 +151,7 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         )
 
     def _fail_head(self, error: HeadError) -> None:
-        self._head_started_s = None
+        self._read_started_s = None
         self._fail(error.status, error.message, error.code)
 
     def pause_writing(self) -> None:
@@ -163,8 +165,9 @@ class Connection(ConnectionErrors, asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._is_stopped:
             raise StopParsing
-        if self._head_started_s is None:  # else it began in an earlier read
-            self._head_started_s = self._last_active_s
+        if self._read_started_s is None:  # else it began in an earlier read
+            self._read_started_s = self._last_active_s
+            self._read_timeout_s = self._limits.head_timeout_s
         self._url = b""
         self._headers = {}
         self._body = b""
@@ -192,11 +195,12 @@ class Connection(ConnectionErrors, asyncio.Protocol):
             self._stop_head(self._head_too_large())
 
     def _stop_head(self, error: HeadError) -> None:
-        self._head_started_s = None
+        self._read_started_s = None
         self._stop(error.status, error.message, error.code)
 
     def on_headers_complete(self) -> None:
-        self._head_started_s = None
+        self._read_started_s = self._last_active_s  # the body's deadline, if it has one
+        self._read_timeout_s = self._limits.body_timeout_s
         self._num_head_bytes = self._num_line_bytes = 0
         self._is_in_body = True
         headers = self._headers
@@ -243,6 +247,7 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         parser = self._parser
         assert parser is not None  # only called from inside feed_data
         self._is_in_body = False
+        self._read_started_s = None
         body = self._body
         url = self._url
         if url[:1] == b"/":
@@ -352,25 +357,25 @@ class Connection(ConnectionErrors, asyncio.Protocol):
 
     # ---- connection control ----
     def _check_every_s(self) -> float:
-        """Timer period: a head deadline is noticed within half its timeout."""
-        return min(self.server.keepalive_timeout_s, self._limits.head_timeout_s / 2)
+        """Timer period: a read deadline is noticed within half its timeout."""
+        limits = self._limits
+        return min(
+            self.server.keepalive_timeout_s, limits.head_timeout_s / 2, limits.body_timeout_s / 2
+        )
 
     def _on_idle(self) -> None:
-        """The timer fired: 408 for a head past its deadline (however slowly its bytes
-        trickle in), close a connection idle for the keep-alive timeout, else re-arm."""
+        """The timer fired: 408 for a head or body past its deadline (however slowly its
+        bytes trickle in), close a connection idle for the keep-alive timeout, else re-arm."""
         self._idle_timer = None
         if self.is_closed:
             return
         now_s = self._loop.time()
         period_s = self._check_every_s()
-        started_s = self._head_started_s
-        if started_s is not None and now_s - started_s >= self._limits.head_timeout_s:
-            timeout_s = self._limits.head_timeout_s
-            self._fail_head(
-                HeadError(
-                    408, f"request head not received within {timeout_s:g} s", "request_timeout"
-                )
-            )
+        started_s = self._read_started_s
+        if started_s is not None and now_s - started_s >= self._read_timeout_s:
+            what = "body" if self._is_in_body else "head"
+            message = f"request {what} not received within {self._read_timeout_s:g} s"
+            self._fail_head(HeadError(408, message, "request_timeout"))
             if not self.is_closed and self._idle_timer is None:
                 self._idle_timer = self._loop.call_later(period_s, self._on_idle)
             return

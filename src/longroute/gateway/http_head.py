@@ -20,6 +20,7 @@ DEFAULT_MAX_HEAD_BYTES = 32 * KIB_BYTES
 DEFAULT_MAX_HEADER_LINE_BYTES = 8 * KIB_BYTES
 DEFAULT_MAX_HEADERS = 100
 DEFAULT_HEAD_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +31,10 @@ class HeadLimits:
     the whole head; ``max_header_line_bytes``: one header line (about: a line
     is counted from the end of the previous one, give or take one read);
     ``max_headers``: header lines (431 over any of the three).
-    ``head_timeout_s``: a head must be complete this long after its first byte
-    (408 after it; enforced within 1.5 times the timeout), however slowly its
-    bytes trickle in. Defaults follow nginx (8 KiB lines), Node.js (a few
+    ``head_timeout_s``: a head must be complete this long after its first byte,
+    and ``body_timeout_s``: a body this long after its head (408 after it;
+    enforced within 1.5 times the timeout), however slowly the bytes trickle
+    in. Defaults follow nginx (8 KiB lines, 60 s for a body), Node.js (a few
     tens of KiB per head) and Apache (100 header lines).
     """
 
@@ -41,14 +43,16 @@ class HeadLimits:
     max_header_line_bytes: int = DEFAULT_MAX_HEADER_LINE_BYTES
     max_headers: int = DEFAULT_MAX_HEADERS
     head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         for name in ("max_url_bytes", "max_head_bytes", "max_header_line_bytes", "max_headers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not self.head_timeout_s > 0:  # also rejects NaN
-            raise ValueError(f"head_timeout_s must be > 0, got {self.head_timeout_s}")
+        for name in ("head_timeout_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:  # also rejects NaN
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,11 @@ Hot path per request: the parser's callbacks fill a header dict and a body,
 pipelined requests wait in a FIFO (reading paused meanwhile), so responses
 never interleave. Keep-alive follows HTTP/1.1; an idle connection closes after
 ``keepalive_timeout_s`` (one timer per connection, re-armed lazily). Request heads
-are bounded in size, lines and time (:class:`~longroute.gateway.http_head.HeadLimits`:
-414, 431, 408) and checked against RFC 9112's MUSTs (Host, Transfer-Encoding: 400,
-501). Protocol errors answer with an OpenAI-style JSON error and close the
-connection. A handler whose client disconnects is cancelled.
+are bounded in size, lines and time, and bodies in time
+(:class:`~longroute.gateway.http_head.HeadLimits`: 414, 431, 408), and checked
+against RFC 9112's MUSTs (Host, Transfer-Encoding: 400, 501). Protocol errors
+answer with an OpenAI-style JSON error and close the connection. A handler whose
+client disconnects is cancelled.
 The connection lives in :mod:`longroute.gateway.http_connection`, its error path in
 :mod:`longroute.gateway.http_errors`.
 """
@@ -49,6 +50,7 @@ class HttpServer:
         max_header_line_bytes: int = head.DEFAULT_MAX_HEADER_LINE_BYTES,
         max_headers: int = head.DEFAULT_MAX_HEADERS,
         head_timeout_s: float = head.DEFAULT_HEAD_TIMEOUT_S,
+        body_timeout_s: float = head.DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         """``on_reject(code)`` is called when the server itself answers a request with an
         error (``malformed_request``, ``upgrade_not_supported``, ``request_too_large``,
@@ -60,7 +62,12 @@ class HttpServer:
         if keepalive_timeout_s <= 0:
             raise ValueError(f"keepalive_timeout_s must be positive, got {keepalive_timeout_s}")
         self.head_limits = HeadLimits(
-            max_url_bytes, max_head_bytes, max_header_line_bytes, max_headers, head_timeout_s
+            max_url_bytes,
+            max_head_bytes,
+            max_header_line_bytes,
+            max_headers,
+            head_timeout_s,
+            body_timeout_s,
         )
         self.handler = handler
         self.max_body_bytes = max_body_bytes
