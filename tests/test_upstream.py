@@ -852,3 +852,29 @@ async def test_released_unread_body_resumes_reading_so_a_later_close_is_seen() -
         assert (pool.num_idle, pool.num_open) == (1, 1)  # complete: kept
         await eventually(lambda: pool.num_open == 0)
         await pool.close()
+
+
+@async_test
+async def test_a_closed_connection_is_freed_without_a_gc_pass() -> None:
+    """No reference cycle (connection <-> parser, connection <-> response) outlives a close."""
+    import gc
+    import weakref
+
+    async with aio_backend(echo_routes) as backend:
+        pool = pool_for(backend.url)
+        gc.collect()
+        gc.disable()
+        try:
+            resp = await pool.request("GET", "/v1/models")
+            (conn,) = pool._open
+            ref = weakref.ref(conn)
+            del conn
+            await resp.read()
+            resp.release()
+            await pool.close()  # closes the idle connection
+            del resp
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+            assert ref() is None, gc.get_referrers(ref())
+        finally:
+            gc.enable()

@@ -49,7 +49,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.is_paused = False
         self.idle_since_s = 0.0
         self._owner = owner
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._head_waiter: asyncio.Future[UpstreamResponse] | None = None
         self._resp: UpstreamResponse | None = None
@@ -92,6 +92,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.close()
         self._owner.connection_closed(self)
         self._fail(self._disconnect_error("connection closed by the gateway"))
+        self._drop_references()
 
     def is_closing(self) -> bool:
         """True once the transport is closing (its connection_lost may still be pending)."""
@@ -111,9 +112,12 @@ class UpstreamConnection(asyncio.Protocol):
         self._owner.connection_opened(self)
 
     def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:  # closed by us; the transport may still hand over a last read
+            return
         self._has_bytes = True
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(
                 UpstreamError("protocol", f"{self.label}: {exc!r}", is_before_response=False)
@@ -144,9 +148,17 @@ class UpstreamConnection(asyncio.Protocol):
         ):
             resp._is_complete = True  # a close-delimited body ends here; not keep-alive
             resp._wake()
+            self._drop_references()
             return
         reason = "connection closed by the backend" if exc is None else repr(exc)
         self._fail(self._disconnect_error(reason))
+        self._drop_references()
+
+    def _drop_references(self) -> None:
+        """Breaks the cycles with the parser and the response once closed, so a closed
+        connection is freed by reference counting, not by a garbage-collection pass."""
+        self._parser = None
+        self._resp = None
 
     # ---- httptools callbacks (inside data_received) ----
 
@@ -162,6 +174,7 @@ class UpstreamConnection(asyncio.Protocol):
         waiter = self._head_waiter
         if waiter is None:
             return
+        assert self._parser is not None  # only called from inside feed_data
         status = self._parser.get_status_code()
         if status < 200:  # 1xx interim response: the real one follows
             self._is_informational = True
@@ -194,6 +207,7 @@ class UpstreamConnection(asyncio.Protocol):
         if resp is None or resp._is_complete:
             return
         resp._is_complete = True
+        assert self._parser is not None  # only called from inside feed_data
         resp._is_keep_alive = self._parser.should_keep_alive()
         resp._wake()
 
