@@ -5,8 +5,8 @@ own process: the fixed fast backend of ``gateway_overhead.py`` (16-token replies
 streamed as 16 SSE chunks or as one JSON body), that script's closed-loop load
 client (32 clients), and in front of the backend one minimal proxy per stack:
 
-* ``longroute-http``: the gateway's stack, :class:`longroute.gateway.http_server.HttpServer`
-  (asyncio protocols + httptools) + :class:`longroute.gateway.upstream.UpstreamPool`
+* ``longroute-http``: the gateway's stack, :class:`longroute.gateway.http.server.HttpServer`
+  (asyncio protocols + httptools) + :class:`longroute.gateway.http.upstream.UpstreamPool`
   (keep-alive HTTP/1.1 connections), on uvloop; the baseline;
 * ``aiohttp``: aiohttp server + aiohttp ``ClientSession``, on uvloop (the gateway's stack
   before its own layer);
@@ -138,9 +138,9 @@ def _serve_longroute(port: int, backend: str) -> None:
 
     import uvloop
 
-    from longroute.gateway.http_server import HttpServer, ResponseStream
-    from longroute.gateway.http_types import HttpRequest, HttpResponse
-    from longroute.gateway.upstream import UpstreamPool
+    from longroute.gateway.http.server import HttpServer, ResponseStream
+    from longroute.gateway.http.types import HttpRequest, HttpResponse
+    from longroute.gateway.http.upstream import UpstreamPool
 
     # Content-Type is rendered once into every request's head, like the gateway's fixed headers
     pool_headers = {"Content-Type": JSON_TYPE}

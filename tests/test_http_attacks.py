@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import uvloop
 
-from longroute.gateway.http_server import ResponseStream
-from longroute.gateway.http_types import HttpRequest, HttpResponse
+from longroute.gateway.http.server import ResponseStream
+from longroute.gateway.http.types import HttpRequest, HttpResponse
 from test_http_server import (
     LOOPS,
     TEST_TIMEOUT_S,

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import uvloop
 
-from longroute.gateway import http_wire
-from longroute.gateway.http_server import Handler, HttpServer, ResponseStream
-from longroute.gateway.http_types import SSE_TYPE, HttpRequest, HttpResponse
+from longroute.gateway.http import wire as http_wire
+from longroute.gateway.http.server import Handler, HttpServer, ResponseStream
+from longroute.gateway.http.types import SSE_TYPE, HttpRequest, HttpResponse
 
 TEST_TIMEOUT_S = 10.0
 MAX_BODY_BYTES = 1000

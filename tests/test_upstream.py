@@ -25,7 +25,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
-from longroute.gateway.upstream import BUFFER_HIGH_WATER_BYTES, UpstreamError, UpstreamPool
+from longroute.gateway.http.upstream import BUFFER_HIGH_WATER_BYTES, UpstreamError, UpstreamPool
 
 TEST_TIMEOUT_S = 10.0
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {

@@ -3,7 +3,7 @@
 ``Gateway(config, secrets)`` builds everything that needs no event loop
 (router by registry name, FleetView, admission, metrics, health, one
 upstream pool per backend). :meth:`Gateway.start` opens the HTTP server
-(:mod:`longroute.gateway.http_server`) and the background loops (health
+(:mod:`longroute.gateway.http.server`) and the background loops (health
 checks, RTT probes, engine scraping, on an ``aiohttp.ClientSession`` of their
 own); :meth:`Gateway.stop` ends them. :func:`serve_gateway` does both around a
 ``with`` block.
@@ -30,8 +30,8 @@ from longroute.gateway.backends import build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
 from longroute.gateway.errors import SERVER_ERROR, GatewayError, bad_request
 from longroute.gateway.health import HealthMonitor
-from longroute.gateway.http_server import Handler, HttpServer, ResponseStream
-from longroute.gateway.http_types import JSON_TYPE, HttpRequest, HttpResponse
+from longroute.gateway.http.server import Handler, HttpServer, ResponseStream
+from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse
 from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import ROUTES, parse_body

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from longroute.gateway.http_types import JSON_TYPE, HttpResponse
+from longroute.gateway.http.types import JSON_TYPE, HttpResponse
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"

@@ -21,7 +21,7 @@ Nothing a backend says reaches the client unredacted: error bodies go through
 
 Streams are relayed chunk by chunk as they arrive, without parsing or
 re-serialising them. Backends are reached through one keep-alive
-:class:`~longroute.gateway.upstream.UpstreamPool` each.
+:class:`~longroute.gateway.http.upstream.UpstreamPool` each.
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ from longroute.gateway.errors import (
     timeout_error,
 )
 from longroute.gateway.health import HealthMonitor
-from longroute.gateway.http_server import ResponseStream
-from longroute.gateway.http_types import JSON_TYPE, HttpResponse
+from longroute.gateway.http.server import ResponseStream
+from longroute.gateway.http.types import JSON_TYPE, HttpResponse
+from longroute.gateway.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.redact import Redactor
-from longroute.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER
 from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request

@@ -5,8 +5,8 @@ reads the :class:`UpstreamResponse` (whole or streamed), then releases it.
 Everything that can be is rendered once: the request line and fixed headers
 per (method, path) are cached as bytes, so a request costs one ``%`` format,
 one ``transport.write`` and one future (the headers). The wire protocol
-lives in :mod:`longroute.gateway.upstream_conn` and
-:mod:`longroute.gateway.upstream_response`.
+lives in :mod:`longroute.gateway.http.upstream_conn` and
+:mod:`longroute.gateway.http.upstream_response`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from longroute.gateway.upstream_conn import BUFFER_HIGH_WATER_BYTES, UpstreamConnection
-from longroute.gateway.upstream_response import (
+from longroute.gateway.http.upstream_conn import BUFFER_HIGH_WATER_BYTES, UpstreamConnection
+from longroute.gateway.http.upstream_response import (
     UpstreamError,
     UpstreamErrorKind,
     UpstreamResponse,

@@ -1,4 +1,4 @@
-"""HTTP/1.1 response bytes and the streamed response, for :mod:`~longroute.gateway.http_server`.
+"""HTTP/1.1 response bytes and the streamed response, for :mod:`~longroute.gateway.http.server`.
 
 Pure formatting, called once per response on the server's hot path: a whole
 response becomes one ``bytes`` (head and body together, so one
@@ -17,10 +17,10 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 from longroute.gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
-from longroute.gateway.http_types import JSON_TYPE
+from longroute.gateway.http.types import JSON_TYPE
 
 if TYPE_CHECKING:
-    from longroute.gateway.http_connection import Connection
+    from longroute.gateway.http.connection import Connection
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LAST_CHUNK = b"0\r\n\r\n"

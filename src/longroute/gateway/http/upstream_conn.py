@@ -1,13 +1,13 @@
 """One keep-alive HTTP/1.1 connection to a backend, feeding the response read from it.
 
 :class:`UpstreamConnection` is the asyncio Protocol; :class:`UpstreamPool`
-(:mod:`longroute.gateway.upstream`) owns it and is its only caller. One
+(:mod:`longroute.gateway.http.upstream`) owns it and is its only caller. One
 exchange at a time per connection (no pipelining): ``send`` writes the whole
 request, ``httptools`` parses the reply, the headers resolve one future and the
 body lands in the :class:`UpstreamResponse`'s buffer, where the reader takes it.
 No task, timer or lock per request; a future is created for the headers and,
 for the body, only when the reader finds the buffer empty. The response and
-:class:`UpstreamError` live in :mod:`longroute.gateway.upstream_response`.
+:class:`UpstreamError` live in :mod:`longroute.gateway.http.upstream_response`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Protocol, cast
 
 import httptools
 
-from longroute.gateway.http_types import Headers
-from longroute.gateway.upstream_response import UpstreamError, UpstreamResponse
+from longroute.gateway.http.types import Headers
+from longroute.gateway.http.upstream_response import UpstreamError, UpstreamResponse
 
 BUFFER_HIGH_WATER_BYTES = 256 * 1024
 """Unread body bytes above which the connection stops reading from its socket."""

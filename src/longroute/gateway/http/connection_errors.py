@@ -1,6 +1,6 @@
-"""The error path of a server connection (:mod:`longroute.gateway.http_connection`).
+"""The error path of a server connection (:mod:`longroute.gateway.http.connection`).
 
-:class:`ConnectionErrors` is a mixin of :class:`~longroute.gateway.http_connection.Connection`:
+:class:`ConnectionErrors` is a mixin of :class:`~longroute.gateway.http.connection.Connection`:
 the server's own error responses (malformed request, upgrade, body too large, handler
 failure), lingering after one, and closing. Called from the connection's parser
 callbacks and handler task, never per request on the success path.
@@ -13,12 +13,12 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from longroute.gateway import http_wire as wire
+from longroute.gateway.http import wire
 
 if TYPE_CHECKING:
-    from longroute.gateway.http_server import HttpServer
-    from longroute.gateway.http_types import HttpRequest
-    from longroute.gateway.http_wire import ResponseStream
+    from longroute.gateway.http.server import HttpServer
+    from longroute.gateway.http.types import HttpRequest
+    from longroute.gateway.http.wire import ResponseStream
 
 log = logging.getLogger("longroute.gateway")
 
@@ -32,7 +32,7 @@ class StopParsing(Exception):
 class ConnectionErrors:
     """(Internal) mixin: error responses and closing for a connection.
 
-    The attributes below are set by :class:`~longroute.gateway.http_connection.Connection`.
+    The attributes below are set by :class:`~longroute.gateway.http.connection.Connection`.
     """
 
     server: HttpServer

@@ -1,6 +1,6 @@
 """What the gateway reads from a backend: :class:`UpstreamResponse`, or :class:`UpstreamError`.
 
-An :class:`~longroute.gateway.upstream_conn.UpstreamConnection` creates the
+An :class:`~longroute.gateway.http.upstream_conn.UpstreamConnection` creates the
 response when the headers arrive and appends body bytes to its buffer from its
 parser callbacks; the proxy (the reader) takes them with ``read`` or
 ``next_chunk``. A future is created only when the reader finds the buffer empty.
@@ -12,8 +12,8 @@ import asyncio
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from longroute.gateway.http_types import Headers
-    from longroute.gateway.upstream_conn import UpstreamConnection
+    from longroute.gateway.http.types import Headers
+    from longroute.gateway.http.upstream_conn import UpstreamConnection
 
 UpstreamErrorKind = Literal["connect", "disconnect", "protocol"]
 ERROR_KINDS: tuple[UpstreamErrorKind, ...] = ("connect", "disconnect", "protocol")

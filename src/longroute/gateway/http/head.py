@@ -1,4 +1,4 @@
-"""Limits and checks on a request head, for :mod:`longroute.gateway.http_connection`.
+"""Limits and checks on a request head, for :mod:`longroute.gateway.http.connection`.
 
 The parser (httptools) has no limits of its own and buffers a header value
 across reads by concatenation, so an unbounded head costs memory and

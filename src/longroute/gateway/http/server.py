@@ -3,17 +3,17 @@
 Hot path per request: the parser's callbacks fill a header dict and a body,
 ``on_message_complete`` starts ONE handler task, and the handler's whole
 :class:`HttpResponse` goes out in ONE ``transport.write`` (bytes from
-:mod:`longroute.gateway.http_wire`). A connection runs one handler at a time:
+:mod:`longroute.gateway.http.wire`). A connection runs one handler at a time:
 pipelined requests wait in a FIFO (reading paused meanwhile), so responses
 never interleave. Keep-alive follows HTTP/1.1; an idle connection closes after
 ``keepalive_timeout_s`` (one timer per connection, re-armed lazily). Request heads
 are bounded in size, lines and time, and bodies in time
-(:class:`~longroute.gateway.http_head.HeadLimits`: 414, 431, 408), and checked
+(:class:`~longroute.gateway.http.head.HeadLimits`: 414, 431, 408), and checked
 against RFC 9112's MUSTs (Host, Transfer-Encoding: 400, 501). Protocol errors
 answer with an OpenAI-style JSON error and close the connection. A handler whose
 client disconnects is cancelled.
-The connection lives in :mod:`longroute.gateway.http_connection`, its error path in
-:mod:`longroute.gateway.http_errors`.
+The connection lives in :mod:`longroute.gateway.http.connection`, its error path in
+:mod:`longroute.gateway.http.connection_errors`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from longroute.gateway import http_head as head
-from longroute.gateway import http_wire as wire
-from longroute.gateway.http_connection import Connection
-from longroute.gateway.http_head import HeadLimits
-from longroute.gateway.http_types import HttpRequest, HttpResponse
-from longroute.gateway.http_wire import ResponseStream
+from longroute.gateway.http import head, wire
+from longroute.gateway.http.connection import Connection
+from longroute.gateway.http.head import HeadLimits
+from longroute.gateway.http.types import HttpRequest, HttpResponse
+from longroute.gateway.http.wire import ResponseStream
 
 Handler = Callable[[HttpRequest, ResponseStream], Awaitable[HttpResponse | None]]
 """Called once per request, in its own task; returns a whole response, or None when it
@@ -56,7 +55,7 @@ class HttpServer:
         error (``malformed_request``, ``upgrade_not_supported``, ``request_too_large``,
         ``uri_too_long``, ``request_header_fields_too_large``, ``request_timeout``,
         ``not_implemented``), before the handler ever sees it. The head limits are
-        :class:`~longroute.gateway.http_head.HeadLimits`'s (ValueError if not positive)."""
+        :class:`~longroute.gateway.http.head.HeadLimits`'s (ValueError if not positive)."""
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
         if keepalive_timeout_s <= 0:

@@ -1,17 +1,17 @@
-"""One client connection of :class:`~longroute.gateway.http_server.HttpServer`.
+"""One client connection of :class:`~longroute.gateway.http.server.HttpServer`.
 
 An asyncio Protocol parsed by httptools. Hot path per request: the parser's
 callbacks fill a header dict and a body, ``on_message_complete`` starts ONE
 handler task, and the handler's whole :class:`HttpResponse` goes out in ONE
-``transport.write`` (bytes from :mod:`longroute.gateway.http_wire`). One handler
+``transport.write`` (bytes from :mod:`longroute.gateway.http.wire`). One handler
 runs at a time: pipelined requests wait in a FIFO (reading paused meanwhile),
 so responses never interleave. One timer per connection, re-armed lazily, closes
 it when idle for the keep-alive timeout or when a head takes longer than its
 deadline. A head is fed to the parser in slices within :class:`HeadLimits`, so an
 over-long one costs at most the limit. When the client goes away, the running
 handler is cancelled: nobody is waiting for its work. The error path lives in
-:mod:`longroute.gateway.http_errors`, the head checks in
-:mod:`longroute.gateway.http_head`.
+:mod:`longroute.gateway.http.connection_errors`, the head checks in
+:mod:`longroute.gateway.http.head`.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from httptools import (
     parse_url,
 )
 
-from longroute.gateway import http_wire as wire
-from longroute.gateway.http_errors import ConnectionErrors, StopParsing
-from longroute.gateway.http_head import HeadError, check_host, check_transfer_encoding
-from longroute.gateway.http_types import Headers, HttpRequest, HttpResponse
-from longroute.gateway.http_wire import ResponseStream
+from longroute.gateway.http import wire
+from longroute.gateway.http.connection_errors import ConnectionErrors, StopParsing
+from longroute.gateway.http.head import HeadError, check_host, check_transfer_encoding
+from longroute.gateway.http.types import Headers, HttpRequest, HttpResponse
+from longroute.gateway.http.wire import ResponseStream
 
 if TYPE_CHECKING:
-    from longroute.gateway.http_server import HttpServer
+    from longroute.gateway.http.server import HttpServer
 
 log = logging.getLogger("longroute.gateway")
 

@@ -1,7 +1,7 @@
 """The gateway's HTTP values: requests, whole responses and case-insensitive headers.
 
-Shared by the server (:mod:`longroute.gateway.http_server`), the upstream
-client (:mod:`longroute.gateway.upstream`) and the handlers. Header names are
+Shared by the server (:mod:`longroute.gateway.http.server`), the upstream
+client (:mod:`longroute.gateway.http.upstream`) and the handlers. Header names are
 stored lower-cased, so every lookup is one dict access.
 """
 
