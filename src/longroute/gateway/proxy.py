@@ -137,6 +137,10 @@ class Proxy:
             name: {**h, "Cache-Control": "no-cache"} for name, h in self._headers.items()
         }
 
+    def num_open_connections(self, backend: str) -> int:
+        """Connections to ``backend`` open now, idle or carrying a request (O(1))."""
+        return self._pools[backend].num_open
+
     async def close(self) -> None:
         """Called at shut-down: closes every pooled backend connection."""
         for pool in self._pools.values():
