@@ -449,7 +449,7 @@ async def test_gateway_scrapes_vllm_metrics_into_the_fleet_view(vllm: Vllm) -> N
             labels = {"kind": "client_disconnect"}
             return registry.get_sample_value("longroute_errors_total", labels) or 0.0
 
-        open_before = proxy.num_open_connections("vllm")
+        busy_before = proxy.num_busy_connections("vllm")
         disconnects_before = num_disconnects()
         url = fleet.url
         writers = await asyncio.gather(*(_open_long_stream(url) for _ in range(NUM_LONG_STREAMS)))
@@ -461,20 +461,22 @@ async def test_gateway_scrapes_vllm_metrics_into_the_fleet_view(vllm: Vllm) -> N
             return f"{timeline}\nvLLM log {vllm.log_path}:\n" + "\n".join(kept[-20:])
 
         await eventually(lambda: (timeline.num_running() or 0) >= 1, "running", 30.0, explain)
-        assert proxy.num_open_connections("vllm") >= NUM_LONG_STREAMS
-        assert view.state("vllm").num_inflight_requests == NUM_LONG_STREAMS
+        # a stream may already have ended: vLLM can hold the others back until it has
+        num_inflight = view.state("vllm").num_inflight_requests
+        assert num_inflight >= 1, explain()
+        assert proxy.num_busy_connections("vllm") - busy_before == num_inflight
         for writer in writers:
             writer.transport.abort()  # the client hangs up
         await eventually(
             lambda: (
-                proxy.num_open_connections("vllm") <= open_before
+                proxy.num_busy_connections("vllm") == busy_before
                 and view.state("vllm").num_inflight_requests == 0
             ),
             "the gateway to drop the streams' backend connections",
             2.0,
             explain,
         )
-        assert num_disconnects() - disconnects_before == NUM_LONG_STREAMS
+        assert num_disconnects() - disconnects_before == num_inflight
         await eventually(lambda: timeline.num_running() == 0, "vLLM idle", 30.0, explain)
         async with fleet.http.get(fleet.url + "/metrics") as response:
             exported = await response.text()

@@ -137,9 +137,10 @@ class Proxy:
             name: {**h, "Cache-Control": "no-cache"} for name, h in self._headers.items()
         }
 
-    def num_open_connections(self, backend: str) -> int:
-        """Connections to ``backend`` open now, idle or carrying a request (O(1))."""
-        return self._pools[backend].num_open
+    def num_busy_connections(self, backend: str) -> int:
+        """Connections to ``backend`` carrying a request now (open but not idle; O(1))."""
+        pool = self._pools[backend]
+        return pool.num_open - pool.num_idle
 
     async def close(self) -> None:
         """Called at shut-down: closes every pooled backend connection."""
