@@ -908,3 +908,25 @@ async def test_a_body_trickling_past_its_deadline_gets_408_and_closes() -> None:
         assert await is_at_eof(reader)
         assert time.monotonic() - started_s < 0.4 * 1.5 + 0.5
         writer.close()
+
+
+@async_test
+async def test_an_error_the_server_answers_is_counted_once_and_disarms_the_read_deadline() -> None:
+    """A 413 queued behind a slow pipelined request: the body's deadline passes while it
+    waits, yet no second answer (a 408) is queued or counted."""
+    rejected: list[str] = []
+
+    async def slow(request: HttpRequest, stream: ResponseStream) -> HttpResponse:
+        await asyncio.sleep(0.6)
+        return await echo(request, stream)
+
+    async with serving(slow, body_timeout_s=0.2, on_reject=rejected.append) as served:
+        reader, writer = await served.connect()
+        too_large = b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n"
+        writer.write(get("/slow") + too_large)
+        first = await asyncio.wait_for(read_reply(reader), 3.0)
+        second = await asyncio.wait_for(read_reply(reader), 3.0)
+        assert (first.status, second.status) == (200, 413)
+        assert await is_at_eof(reader, 3.0)
+        writer.close()
+    assert rejected == ["request_too_large"]

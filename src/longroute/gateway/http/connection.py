@@ -31,7 +31,7 @@ from httptools import (
 
 from longroute.gateway.http import wire
 from longroute.gateway.http.connection_errors import ConnectionErrors, StopParsing
-from longroute.gateway.http.head import HeadError, check_host, check_transfer_encoding
+from longroute.gateway.http.head import check_host, check_transfer_encoding
 from longroute.gateway.http.types import Headers, HttpRequest, HttpResponse
 from longroute.gateway.http.wire import ResponseStream
 
@@ -113,7 +113,7 @@ class Connection(ConnectionErrors, asyncio.Protocol):
                 limits.max_header_line_bytes - self._num_line_bytes,
             )
             if room <= 0:
-                self._fail_head(self._head_too_large())
+                self._fail(431, self._head_too_large(), "request_header_fields_too_large")
                 return
             piece = data[:room]  # the same object when it all fits (no copy)
             data = data[len(piece) :]
@@ -141,18 +141,12 @@ class Connection(ConnectionErrors, asyncio.Protocol):
                     self._fail(400, f"malformed HTTP request: {exc}", "malformed_request")
         return not self._is_stopped
 
-    def _head_too_large(self) -> HeadError:
+    def _head_too_large(self) -> str:
         limits = self._limits
-        return HeadError(
-            431,
+        return (
             f"request head too large: at most {limits.max_head_bytes} bytes, header lines of "
-            f"at most {limits.max_header_line_bytes} bytes, {limits.max_headers} lines",
-            "request_header_fields_too_large",
+            f"at most {limits.max_header_line_bytes} bytes, {limits.max_headers} lines"
         )
-
-    def _fail_head(self, error: HeadError) -> None:
-        self._read_started_s = None
-        self._fail(error.status, error.message, error.code)
 
     def pause_writing(self) -> None:
         self.is_write_paused = True
@@ -192,11 +186,7 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         self._num_headers += 1
         self._num_line_bytes = 0
         if self._num_headers > self._limits.max_headers:
-            self._stop_head(self._head_too_large())
-
-    def _stop_head(self, error: HeadError) -> None:
-        self._read_started_s = None
-        self._stop(error.status, error.message, error.code)
+            self._stop(431, self._head_too_large(), "request_header_fields_too_large")
 
     def on_headers_complete(self) -> None:
         self._read_started_s = self._last_active_s  # the body's deadline, if it has one
@@ -211,12 +201,12 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         if host is None or host != self._valid_host or self._num_hosts > 1:
             error = check_host(host, self._num_hosts, version)
             if error is not None:
-                self._stop_head(error)
+                self._stop(error.status, error.message, error.code)
             self._valid_host = host
         if "transfer-encoding" in headers:
             error = check_transfer_encoding(headers, version)
             if error is not None:
-                self._stop_head(error)
+                self._stop(error.status, error.message, error.code)
         if parser.should_upgrade():
             self._stop(
                 400, "protocol upgrade (or CONNECT) is not supported", "upgrade_not_supported"
@@ -375,7 +365,7 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         if started_s is not None and now_s - started_s >= self._read_timeout_s:
             what = "body" if self._is_in_body else "head"
             message = f"request {what} not received within {self._read_timeout_s:g} s"
-            self._fail_head(HeadError(408, message, "request_timeout"))
+            self._fail(408, message, "request_timeout")
             if not self.is_closed and self._idle_timer is None:
                 self._idle_timer = self._loop.call_later(period_s, self._on_idle)
             return

@@ -45,6 +45,7 @@ class ConnectionErrors:
     _task: asyncio.Task[None] | None
     _idle_timer: asyncio.TimerHandle | None
     _is_stopped: bool
+    _read_started_s: float | None
 
     def _on_handler_error(
         self, request: HttpRequest, stream: ResponseStream, exc: Exception
@@ -73,6 +74,7 @@ class ConnectionErrors:
 
     def _fail(self, status: int, message: str, code: str) -> None:
         self._is_stopped = True
+        self._read_started_s = None  # nothing more is read: no read deadline can pass
         if self.server.on_reject is not None:
             self.server.on_reject(code)
         data = wire.error_response(status, message, code, server=self.server_line)
