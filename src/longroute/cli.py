@@ -103,6 +103,22 @@ def simulate(
     list_all: Annotated[
         bool, typer.Option("--list", help="List scenarios, routers and profiles.")
     ] = False,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help='Run every seed of "0-4" (or "0-2,7") in parallel; medians with 95% CIs.'
+        ),
+    ] = None,
+    reference: Annotated[
+        str | None, typer.Option(help="With --seeds: the router others are set against.")
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option(help="With --seeds: worker processes (default: every core).")
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(metavar="[ADDRESS]", help="With --seeds: run on Ray (see `sweep --help`)."),
+    ] = None,
 ) -> None:
     """Simulate a fleet under a workload, once per router, and compare them."""
     console = Console(stderr=json_output)
@@ -111,6 +127,11 @@ def simulate(
     if list_all:
         _print_list(console)
         return
+    if seeds is not None:
+        _simulate_seeds(scenario, routers, seeds, reference, weights, jobs, ray, out, json_output)
+        return
+    if reference is not None or jobs is not None or ray is not None:
+        raise _fail("--reference, --jobs and --ray go with --seeds")
     from longroute.metrics.report import summary_json, summary_table, write_report
     from longroute.metrics.summary import summarize
     from longroute.metrics.ttca_report import setting_table
@@ -197,6 +218,54 @@ def simulate(
         console.print(f"report: {folder} ({len(paths)} files)")
 
 
+def _simulate_seeds(
+    scenario: str,
+    routers: str | None,
+    seeds: str,
+    reference: str | None,
+    weights: Path | None,
+    jobs: int | None,
+    ray: str | None,
+    out: Path | None,
+    json_output: bool,
+) -> None:
+    """``simulate --seeds``: a one-scenario sweep through the sweep's executors and report."""
+    from longroute.sim.scenario import load_scenario, resolve_routers
+    from longroute.sweep.cli import build_grid, make_executor, run_and_report
+    from longroute.sweep.spec import parse_seeds, spec_from_options
+
+    names = None
+    if routers is not None:
+        names = [r.strip() for r in routers.split(",") if r.strip()]
+        if not names:
+            raise _fail("--routers names no router; give a comma-separated list")
+    try:
+        config = load_scenario(scenario)
+        names = resolve_routers(config, names)
+        frozen = _load_frozen(weights)
+        params = {}
+        if frozen is not None:
+            if frozen.router not in names:
+                raise ConfigError(
+                    f"the weights were tuned for router {frozen.router!r}, which this run does "
+                    f"not include; routers: {', '.join(names)}"
+                )
+            params = {frozen.router: dict(frozen.weights)}
+        spec = spec_from_options(
+            scenario,
+            names,
+            parse_seeds(seeds),
+            name=f"{config.name}-seeds",
+            reference=reference,
+            router_params=params,
+        )
+        executor = make_executor(jobs, ray)
+    except (ConfigError, RegistryError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    folder = out or Path("reports") / f"{config.name}-seeds"
+    run_and_report(build_grid(spec), executor, out=folder, json_output=json_output, fresh=False)
+
+
 def _load_frozen(path: Path | None) -> FrozenWeights | None:
     if path is None:
         return None
@@ -212,6 +281,7 @@ def _register_commands() -> None:
     from longroute.emulator.cli import emulate_command
     from longroute.fit_cli import fit_app
     from longroute.gateway.cli import serve_command
+    from longroute.sweep.cli import sweep_command
     from longroute.tune_cli import tune_command
 
     app.command("serve")(serve_command)
@@ -219,6 +289,7 @@ def _register_commands() -> None:
     app.command("bench")(bench_command)
     app.command("demo")(demo_command)
     app.command("tune")(tune_command)
+    app.command("sweep")(sweep_command)
     app.add_typer(fit_app, name="fit")
 
 
@@ -226,7 +297,9 @@ _register_commands()
 
 
 def main() -> None:
-    app()
+    from longroute.sweep.cli import normalize_ray_flag
+
+    app(args=normalize_ray_flag(sys.argv[1:]))
 
 
 if __name__ == "__main__":
