@@ -112,6 +112,10 @@ def simulate(
     reference: Annotated[
         str | None, typer.Option(help="With --seeds: the router others are set against.")
     ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option(help="With --seeds: comma-separated metrics (default ttft_p95_s,e2e_p95_s)."),
+    ] = None,
     jobs: Annotated[
         int | None, typer.Option(help="With --seeds: worker processes (default: every core).")
     ] = None,
@@ -128,10 +132,15 @@ def simulate(
         _print_list(console)
         return
     if seeds is not None:
-        _simulate_seeds(scenario, routers, seeds, reference, weights, jobs, ray, out, json_output)
+        if trace is not None:
+            raise _fail("--seeds does not combine with --trace (a trace is one fixed draw)")
+        from longroute.sweep.cli import SeedOptions, simulate_seeds
+
+        options = SeedOptions(reference, metrics, weights, jobs, ray)
+        simulate_seeds(scenario, routers, seeds, options, out, json_output)
         return
-    if reference is not None or jobs is not None or ray is not None:
-        raise _fail("--reference, --jobs and --ray go with --seeds")
+    if any(v is not None for v in (reference, metrics, jobs, ray)):
+        raise _fail("--reference, --metrics, --jobs and --ray go with --seeds")
     from longroute.metrics.report import summary_json, summary_table, write_report
     from longroute.metrics.summary import summarize
     from longroute.metrics.ttca_report import setting_table
@@ -216,54 +225,6 @@ def simulate(
             console.print(setting_table(ttca, title=_TTCA_TABLE_TITLE))
     if not no_report and not json_output:
         console.print(f"report: {folder} ({len(paths)} files)")
-
-
-def _simulate_seeds(
-    scenario: str,
-    routers: str | None,
-    seeds: str,
-    reference: str | None,
-    weights: Path | None,
-    jobs: int | None,
-    ray: str | None,
-    out: Path | None,
-    json_output: bool,
-) -> None:
-    """``simulate --seeds``: a one-scenario sweep through the sweep's executors and report."""
-    from longroute.sim.scenario import load_scenario, resolve_routers
-    from longroute.sweep.cli import build_grid, make_executor, run_and_report
-    from longroute.sweep.spec import parse_seeds, spec_from_options
-
-    names = None
-    if routers is not None:
-        names = [r.strip() for r in routers.split(",") if r.strip()]
-        if not names:
-            raise _fail("--routers names no router; give a comma-separated list")
-    try:
-        config = load_scenario(scenario)
-        names = resolve_routers(config, names)
-        frozen = _load_frozen(weights)
-        params = {}
-        if frozen is not None:
-            if frozen.router not in names:
-                raise ConfigError(
-                    f"the weights were tuned for router {frozen.router!r}, which this run does "
-                    f"not include; routers: {', '.join(names)}"
-                )
-            params = {frozen.router: dict(frozen.weights)}
-        spec = spec_from_options(
-            scenario,
-            names,
-            parse_seeds(seeds),
-            name=f"{config.name}-seeds",
-            reference=reference,
-            router_params=params,
-        )
-        executor = make_executor(jobs, ray)
-    except (ConfigError, RegistryError, ValueError) as exc:
-        raise _fail(str(exc)) from None
-    folder = out or Path("reports") / f"{config.name}-seeds"
-    run_and_report(build_grid(spec), executor, out=folder, json_output=json_output, fresh=False)
 
 
 def _load_frozen(path: Path | None) -> FrozenWeights | None:

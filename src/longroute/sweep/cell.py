@@ -25,6 +25,13 @@ MAX_ERROR_CHARS = 2_000
 TTCA_METRICS = ("mean_s", "p50_s", "p95_s", "final_success", "num_censored")
 
 
+def known_metrics() -> list[str]:
+    """Every metric a cell can report: the summary keys, then the ``ttca_*`` ones."""
+    from longroute.metrics.summary import SUMMARY_KEYS
+
+    return [*SUMMARY_KEYS, *(f"ttca_{k}" for k in TTCA_METRICS)]
+
+
 @dataclass(frozen=True, slots=True)
 class Cell:
     """What one simulation runs, and the labels it is reported under.
@@ -32,7 +39,9 @@ class Cell:
     ``seed`` is the sweep's seed; ``run_seed`` the one the simulation uses
     (a window adds its offset, as ``longroute simulate`` does). ``label`` is
     the router variant (``gorgo`` or ``gorgo(queue_weight=0.1)``); ``params``
-    its swept parameter values, already merged into ``config.router_params``.
+    its swept parameter values, already merged into ``config.router_params``;
+    ``baseline`` the window a windowed scenario sets this one against (e.g.
+    the same draw without context reuse).
     """
 
     scenario: str
@@ -45,6 +54,7 @@ class Cell:
     seed: int
     run_seed: int
     config: ScenarioConfig
+    baseline: str | None = None  # the window this cell's window is set against, if any
 
     def setting(self) -> tuple[str, str | None, float, str]:
         """The comparison this cell belongs to: (scenario, window, load scale, fleet)."""
@@ -116,4 +126,12 @@ def simulate_cell(cell: Cell) -> Metrics:
     return metrics
 
 
-__all__ = ["Cell", "CellResult", "Metrics", "execute_cell", "failed", "simulate_cell"]
+__all__ = [
+    "Cell",
+    "CellResult",
+    "Metrics",
+    "execute_cell",
+    "failed",
+    "known_metrics",
+    "simulate_cell",
+]

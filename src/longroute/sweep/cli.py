@@ -6,47 +6,23 @@ bad input (nothing run), 130 on Ctrl-C (finished cells kept; rerun to resume).
 
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from longroute.config import ConfigError
 from longroute.registry import RegistryError
+from longroute.sweep.present import fail, run_and_report
 
 if TYPE_CHECKING:
-    from longroute.sweep.cell import Cell, CellResult
     from longroute.sweep.executors import Executor
     from longroute.sweep.grid import Grid
-    from longroute.sweep.report import ArmStats, Setting
-    from longroute.sweep.runner import SweepRun
     from longroute.sweep.spec import SweepSpec
 
-TABLE_WIDTH = 100
-EXIT_FAILED_CELLS = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 LOCAL_RAY = "local"
 _ERRORS = (ConfigError, RegistryError, ValueError, LookupError)
-_MAX_FAILURES_SHOWN = 10
-
-
-def _fail(message: str) -> typer.Exit:
-    Console(stderr=True, soft_wrap=True).print(
-        f"[bold red]error:[/] {escape(message)}", highlight=False
-    )
-    return typer.Exit(code=EXIT_BAD_INPUT)
 
 
 def make_executor(jobs: int | None, ray: str | None) -> Executor:
@@ -68,104 +44,13 @@ def make_executor(jobs: int | None, ray: str | None) -> Executor:
     return PoolExecutor(jobs)
 
 
-def run_and_report(
-    grid: Grid, executor: Executor, *, out: Path | None, json_output: bool, fresh: bool
-) -> None:
-    """Run the grid with a progress bar, then print and write the report; exits 1 on failures."""
-    from longroute.sweep.cache import CellCache
-    from longroute.sweep.report import analyse, dumps, sweep_payload, sweep_tables
-    from longroute.sweep.runner import run_grid
-
-    console = Console(stderr=json_output)
-    if not console.is_terminal:
-        console = Console(stderr=json_output, width=TABLE_WIDTH)
-    cache = CellCache(out / "cells") if out is not None and not fresh else None
-    err = Console(stderr=True, soft_wrap=True)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("cells, {task.fields[failed]} failed"), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(),
-        console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty(),
-    )  # fmt: skip
-    done = 0
-    failures = 0
-    with progress:
-        task = progress.add_task(
-            f"{grid.spec.name} on {executor.name}", total=len(grid.cells), failed=0
-        )
-
-        def advance(cell: Cell, result: CellResult) -> None:
-            nonlocal done, failures
-            done += 1
-            failures += not result.is_ok
-            progress.update(task, advance=1, failed=failures)
-
-        try:
-            run = run_grid(grid, executor, cache=cache, on_result=advance)
-        except KeyboardInterrupt:
-            progress.stop()
-            kept = "not kept (no cache folder)"
-            if cache is not None:
-                kept = f"kept in {cache.folder}; run the same command again to resume"
-            err.print(f"interrupted: {done} of {len(grid.cells)} cells finished, {kept}")
-            raise typer.Exit(code=EXIT_INTERRUPTED) from None
-    stats = analyse(run)
-    payload = sweep_payload(run, stats)
-    paths: list[Path] = []
-    if out is not None:
-        paths = _write_report(out, run, stats, payload)
-    if json_output:
-        sys.stdout.write(dumps(payload) + "\n")
-    else:
-        seeds = ", ".join(str(s) for s in grid.spec.seeds)
-        console.print(
-            f"[bold]{escape(grid.spec.name)}[/]: {len(run.results)} cells "
-            f"({run.num_computed} run on {run.executor}, {run.num_cached} cached), seeds {seeds}"
-        )
-        for table in sweep_tables(run, stats):
-            console.print(table)
-        if paths:
-            console.print(f"report: {out} ({', '.join(p.name for p in paths)})")
-    if run.num_failed:
-        err.print(f"[bold red]{run.num_failed} cell(s) failed[/] (left out of the statistics):")
-        for cell, error in run.failures()[:_MAX_FAILURES_SHOWN]:
-            err.print(f"  {escape(cell.describe())}: {escape(error)}", highlight=False)
-        if run.num_failed > _MAX_FAILURES_SHOWN:
-            err.print(f"  ... and {run.num_failed - _MAX_FAILURES_SHOWN} more (report.json)")
-        raise typer.Exit(code=EXIT_FAILED_CELLS)
-
-
-def _write_report(
-    out: Path, run: SweepRun, stats: dict[Setting, list[ArmStats]], payload: dict[str, object]
-) -> list[Path]:
-    from longroute.sweep.plot import forest_plot
-    from longroute.sweep.report import dumps, write_cells_csv
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        report = out / "report.json"
-        report.write_text(dumps(payload) + "\n", encoding="utf-8")
-        paths = [report, write_cells_csv(out / "cells.csv", run)]
-        spec = run.grid.spec
-        plot = forest_plot(
-            out / "forest.png",
-            stats,
-            list(spec.metrics),
-            reference=run.grid.reference,
-            confidence=spec.confidence,
-        )
-    except OSError as exc:
-        raise _fail(f"{out}: cannot write the report: {exc.strerror or exc}") from None
-    return paths + ([plot] if plot is not None else [])
-
-
 def build_grid(spec: SweepSpec) -> Grid:
     from longroute.sweep.grid import expand
 
     try:
         return expand(spec)
     except _ERRORS as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 def sweep_command(
@@ -186,6 +71,10 @@ def sweep_command(
     ] = None,
     reference: Annotated[
         str | None, typer.Option(help="Router the others are set against (default: the first).")
+    ] = None,
+    metrics: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated metrics for the statistics (overrides the spec)."),
     ] = None,
     jobs: Annotated[
         int | None, typer.Option(help="Worker processes (default: every core; 1 = in-process).")
@@ -226,13 +115,23 @@ def sweep_command(
             update["routers"] = _router_list(routers)
         if reference is not None:
             update["reference"] = reference
-        spec = spec.model_copy(update=update)
+        if metrics is not None:
+            update["metrics"] = metric_list(metrics)
+        spec = SweepSpec.model_validate({**spec.model_dump(), **update})
         executor = make_executor(jobs, ray)
     except _ERRORS as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     grid = build_grid(spec)
     folder = out or Path("reports") / "sweeps" / _safe_name(spec.name)
     run_and_report(grid, executor, out=folder, json_output=json_output, fresh=fresh)
+
+
+def metric_list(text: str) -> list[str]:
+    """``--metrics a,b``: names checked against the summary keys and the TTCA metrics."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise ConfigError("--metrics names no metric; give a comma-separated list")
+    return names
 
 
 def _router_list(text: str) -> list[str]:
@@ -244,6 +143,64 @@ def _router_list(text: str) -> list[str]:
 
 def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".") or "sweep"
+
+
+@dataclass(frozen=True, slots=True)
+class SeedOptions:
+    reference: str | None
+    metrics: str | None
+    weights: Path | None
+    jobs: int | None
+    ray: str | None
+
+
+def simulate_seeds(
+    scenario: str,
+    routers: str | None,
+    seeds: str,
+    options: SeedOptions,
+    out: Path | None,
+    json_output: bool,
+) -> None:
+    """``simulate --seeds``: a one-scenario sweep through the sweep's executors and report."""
+    from longroute.sim.scenario import load_scenario, resolve_routers
+    from longroute.sweep.spec import parse_seeds, spec_from_options
+
+    names = None
+    if routers is not None:
+        names = [r.strip() for r in routers.split(",") if r.strip()]
+        if not names:
+            raise fail("--routers names no router; give a comma-separated list")
+    try:
+        config = load_scenario(scenario)
+        names = resolve_routers(config, names)
+        frozen = None
+        if options.weights is not None:
+            from longroute.tuning import load_weights
+
+            frozen = load_weights(options.weights)
+        params = {}
+        if frozen is not None:
+            if frozen.router not in names:
+                raise ConfigError(
+                    f"the weights were tuned for router {frozen.router!r}, which this run does "
+                    f"not include; routers: {', '.join(names)}"
+                )
+            params = {frozen.router: dict(frozen.weights)}
+        spec = spec_from_options(
+            scenario,
+            names,
+            parse_seeds(seeds),
+            name=f"{config.name}-seeds",
+            reference=options.reference,
+            router_params=params,
+            **({"metrics": metric_list(options.metrics)} if options.metrics else {}),
+        )
+        executor = make_executor(options.jobs, options.ray)
+    except (ConfigError, RegistryError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    folder = out or Path("reports") / f"{config.name}-seeds"
+    run_and_report(build_grid(spec), executor, out=folder, json_output=json_output, fresh=False)
 
 
 def normalize_ray_flag(argv: list[str]) -> list[str]:
@@ -262,4 +219,11 @@ def normalize_ray_flag(argv: list[str]) -> list[str]:
     return out
 
 
-__all__ = ["make_executor", "normalize_ray_flag", "run_and_report", "sweep_command"]
+__all__ = [
+    "SeedOptions",
+    "make_executor",
+    "normalize_ray_flag",
+    "run_and_report",
+    "simulate_seeds",
+    "sweep_command",
+]

@@ -62,6 +62,7 @@ def expand(spec: SweepSpec) -> Grid:
                                     load_scale, fleet_name, router, label,
                                     tuple(_swept_params(spec, router, params).items()),
                                     seed, _run_seed(seed, window_index, window), resolved,
+                                    None if window is None else window.baseline,
                                 )
                             )  # fmt: skip
     reference = spec.reference or all_labels[0]
@@ -96,6 +97,9 @@ def _swept_params(spec: SweepSpec, router: str, params: dict[str, Any]) -> dict[
 
 
 def _windows(spec: SweepSpec, config: ScenarioConfig) -> list[tuple[int, WindowConfig | None]]:
+    from longroute.sim.windows import check_baselines
+
+    check_baselines(config)
     if not config.windows:
         if spec.windows:
             raise ConfigError(

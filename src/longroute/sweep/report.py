@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from longroute.metrics.summary import SUMMARY_KEYS
 from longroute.sweep.cell import TTCA_METRICS, Cell, CellResult
 from longroute.sweep.runner import SweepRun
@@ -41,6 +38,7 @@ class MetricStats:
     values: tuple[float | None, ...]  # per seed of the arm, None where missing
     estimate: Estimate | None
     ratio: PairedRatio | None  # None for the reference itself, or without common seeds
+    vs_baseline: PairedRatio | None = None  # this window over its baseline window, same router
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +50,7 @@ class ArmStats:
     params: dict[str, Any]
     seeds: tuple[int, ...]
     metrics: dict[str, MetricStats]
+    baseline: str | None = None  # the window the vs_baseline ratios are taken against
 
 
 def setting_name(setting: Setting) -> str:
@@ -62,62 +61,83 @@ def setting_name(setting: Setting) -> str:
     return name + ("" if fleet == "base" else f" {fleet}")
 
 
+BySeed = dict[int, dict[str, float | int | None]]
+
+
 def analyse(run: SweepRun) -> dict[Setting, list[ArmStats]]:
     """Statistics per setting, router variants in grid order."""
     spec = run.grid.spec
     groups: dict[Setting, dict[str, list[tuple[Cell, CellResult]]]] = {}
+    baselines: dict[Setting, str | None] = {}
     for cell, result in zip(run.grid.cells, run.results, strict=True):
         arms = groups.setdefault(cell.setting(), {})
+        baselines[cell.setting()] = cell.baseline
         arms.setdefault(cell.label, [])
         if result.is_ok:
             arms[cell.label].append((cell, result))
+    by_arm = {
+        (setting, label): {c.seed: r.metrics for c, r in cells}
+        for setting, arms in groups.items()
+        for label, cells in arms.items()
+    }
     out: dict[Setting, list[ArmStats]] = {}
     for setting, arms in groups.items():
-        reference = {c.seed: r.metrics for c, r in arms.get(run.grid.reference, [])}
+        scenario, _window, load_scale, fleet = setting
+        baseline = baselines[setting]
+        reference = by_arm.get((setting, run.grid.reference), {})
         stats = []
         for label, cells in arms.items():
-            by_seed = {c.seed: r.metrics for c, r in cells}
-            metrics = {
-                m: _metric_stats(
-                    m, by_seed, reference, label == run.grid.reference, spec.confidence
-                )
-                for m in spec.metrics
-            }
+            by_seed = by_arm[(setting, label)]
+            base_seeds = None
+            if baseline is not None:
+                base_seeds = by_arm.get(((scenario, baseline, load_scale, fleet), label))
+            metrics = {}
+            for m in spec.metrics:
+                is_reference = label == run.grid.reference
+                ratio = None if is_reference else _paired(m, by_seed, reference, spec.confidence)
+                vs_base = None
+                if base_seeds is not None:
+                    vs_base = _paired(m, by_seed, base_seeds, spec.confidence)
+                metrics[m] = _metric_stats(m, by_seed, spec.confidence, ratio, vs_base)
             first = next((c for c, _ in cells), None)
             router = first.router if first else label.split("(")[0]
             params = dict(first.params) if first else {}
-            stats.append(ArmStats(label, router, params, tuple(by_seed), metrics))
+            has_base = baseline if base_seeds is not None else None
+            stats.append(ArmStats(label, router, params, tuple(by_seed), metrics, has_base))
         out[setting] = stats
     return out
 
 
 def _metric_stats(
     metric: str,
-    by_seed: dict[int, dict[str, float | int | None]],
-    reference: dict[int, dict[str, float | int | None]],
-    is_reference: bool,
+    by_seed: BySeed,
     confidence: float,
+    ratio: PairedRatio | None,
+    vs_baseline: PairedRatio | None,
 ) -> MetricStats:
     values = tuple(_number(m.get(metric)) for m in by_seed.values())
     present = [v for v in values if v is not None]
     estimate = median_estimate(present, confidence=confidence) if present else None
-    ratio = None
-    if not is_reference:
-        pairs = [
-            (v, r)
-            for seed, m in by_seed.items()
-            if (v := _number(m.get(metric))) is not None
-            and (r := _number(reference.get(seed, {}).get(metric))) is not None
-            and r != 0
-        ]
-        if pairs:
-            ratio = paired_ratio(
-                [v for v, _ in pairs],
-                [r for _, r in pairs],
-                is_lower_better=is_lower_better(metric),
-                confidence=confidence,
-            )
-    return MetricStats(values, estimate, ratio)
+    return MetricStats(values, estimate, ratio, vs_baseline)
+
+
+def _paired(metric: str, by_seed: BySeed, other: BySeed, confidence: float) -> PairedRatio | None:
+    """Seed by seed ``by_seed / other`` over the seeds where both have a (nonzero) value."""
+    pairs = [
+        (v, r)
+        for seed, m in by_seed.items()
+        if (v := _number(m.get(metric))) is not None
+        and (r := _number(other.get(seed, {}).get(metric))) is not None
+        and r != 0
+    ]
+    if not pairs:
+        return None
+    return paired_ratio(
+        [v for v, _ in pairs],
+        [r for _, r in pairs],
+        is_lower_better=is_lower_better(metric),
+        confidence=confidence,
+    )
 
 
 def _number(value: object) -> float | None:
@@ -131,6 +151,16 @@ def _estimate_json(estimate: Estimate | None) -> dict[str, Any] | None:
     return {"median": estimate.median, "ci": ci, "num_seeds": estimate.num_seeds}
 
 
+def _ratio_json(ratio: PairedRatio | None) -> dict[str, Any] | None:
+    if ratio is None:
+        return None
+    return {
+        **(_estimate_json(ratio.estimate) or {}),
+        "ratios": list(ratio.ratios),
+        "num_wins": ratio.num_wins,
+    }
+
+
 def sweep_payload(run: SweepRun, stats: dict[Setting, list[ArmStats]]) -> dict[str, Any]:
     """The ``--json`` object and report.json (schema ``longroute.sweep/1``)."""
     spec = run.grid.spec
@@ -141,25 +171,20 @@ def sweep_payload(run: SweepRun, stats: dict[Setting, list[ArmStats]]) -> dict[s
         for arm in arms:
             metrics = {}
             for name, m in arm.metrics.items():
-                ratio = None
-                if m.ratio is not None:
-                    ratio = {
-                        **(_estimate_json(m.ratio.estimate) or {}),
-                        "ratios": list(m.ratio.ratios),
-                        "num_wins": m.ratio.num_wins,
-                    }
                 metrics[name] = {
                     **(_estimate_json(m.estimate) or {"median": None, "ci": None, "num_seeds": 0}),
                     "values": list(m.values),
-                    "ratio": ratio,
+                    "ratio": _ratio_json(m.ratio),
+                    "vs_baseline": _ratio_json(m.vs_baseline),
                 }
             routers.append(
                 {"label": arm.label, "router": arm.router, "params": arm.params,
                  "seeds": list(arm.seeds), "metrics": metrics}
             )  # fmt: skip
+        baseline = next((a.baseline for a in arms if a.baseline is not None), None)
         settings.append(
             {"scenario": scenario, "window": window, "load_scale": load_scale, "fleet": fleet,
-             "routers": routers}
+             "baseline": baseline, "routers": routers}
         )  # fmt: skip
     failed = [{**cell.labels(), "error": error} for cell, error in run.failures()]
     return {
@@ -211,46 +236,6 @@ def write_cells_csv(path: Path, run: SweepRun) -> Path:
     return path
 
 
-def _ratio_text(ratio: PairedRatio | None) -> tuple[str, str]:
-    if ratio is None:
-        return "—", "—"
-    return ratio.estimate.format(), f"{ratio.num_wins}/{ratio.num_seeds}"
-
-
-def sweep_tables(run: SweepRun, stats: dict[Setting, list[ArmStats]]) -> list[Table]:
-    """One table per metric: setting, router, median [CI], ratio to reference [CI], wins."""
-    spec = run.grid.spec
-    is_one_setting = len(stats) == 1
-    level = f"{spec.confidence:.0%}"
-    tables = []
-    for metric in spec.metrics:
-        better = "lower" if is_lower_better(metric) else "higher"
-        table = Table(
-            title=f"{metric}, {better} is better: median [{level} CI] over seeds; "
-            f"ratio to {run.grid.reference}, paired by seed",
-            title_justify="left",
-        )
-        if not is_one_setting:
-            table.add_column("setting")
-        table.add_column("router")
-        table.add_column("median [CI]", justify="right")
-        table.add_column("ratio [CI]", justify="right")
-        table.add_column("wins", justify="right")
-        for setting, arms in stats.items():
-            for arm in arms:
-                m = arm.metrics[metric]
-                median = m.estimate.format() if m.estimate is not None else "—"
-                ratio, wins = _ratio_text(m.ratio)
-                row = [escape(arm.label), median, ratio, wins]
-                if not is_one_setting:
-                    row.insert(0, escape(setting_name(setting)))
-                table.add_row(*row)
-            if not is_one_setting:
-                table.add_section()
-        tables.append(table)
-    return tables
-
-
 __all__ = [
     "SCHEMA",
     "ArmStats",
@@ -259,6 +244,5 @@ __all__ = [
     "is_lower_better",
     "setting_name",
     "sweep_payload",
-    "sweep_tables",
     "write_cells_csv",
 ]

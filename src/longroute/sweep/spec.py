@@ -112,6 +112,17 @@ class SweepSpec(BaseModel):
             raise ValueError('give seeds as a range string ("0-4") or a list of integers')
         return value
 
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, value: list[str]) -> list[str]:
+        from longroute.sweep.cell import known_metrics
+
+        known = known_metrics()
+        for name in value:
+            if name not in known:
+                raise ValueError(f"unknown metric {name!r}; known: {', '.join(known)}")
+        return value
+
     @field_validator("load_scales")
     @classmethod
     def _positive_loads(cls, value: list[float]) -> list[float]:
