@@ -43,7 +43,7 @@ def test_sweep_json_report_and_statistics(tmp_path: Path) -> None:
     out = tmp_path / "out"
     code, stdout, _ = _invoke(["sweep", str(_spec(tmp_path)), "--jobs", "1", "--out", str(out)])
     assert code == 0
-    assert "ttft_p95_s, lower is better" in stdout and "wins" in stdout
+    assert "ttft_p95_s (lower is better)" in stdout and "wins" in stdout
     payload: dict[str, Any] = json.loads((out / "report.json").read_text(encoding="utf-8"))
     assert payload["schema"] == SCHEMA and payload["reference"] == "prefix-cache"
     assert (payload["num_cells"], payload["num_computed"], payload["num_failed"]) == (9, 9, 0)
@@ -174,3 +174,41 @@ def test_ctrl_c_stops_the_workers_and_keeps_finished_cells(tmp_path: Path) -> No
     )
     payload = json.loads(resumed.stdout)
     assert payload["num_cached"] >= 1  # cells finished before the interrupt were not redone
+
+
+WINDOWED = """
+windows:
+  - {name: low, load_scale: 0.5, seed_offset: 0}
+  - {name: high, seed_offset: 0, baseline: low}
+"""
+
+
+def test_windows_are_set_against_their_baseline_window(tmp_path: Path) -> None:
+    tiny = write_tiny(tmp_path)
+    tiny.write_text(tiny.read_text(encoding="utf-8") + WINDOWED, encoding="utf-8")
+    args = ["sweep", "--scenario", str(tiny), "--seeds", "0-2", "--routers", "least-load"]
+    code, stdout, _ = _invoke([*args, "--out", str(tmp_path / "o"), "--json"])
+    assert code == 0
+    low, high = json.loads(stdout)["settings"]
+    assert (low["window"], low["baseline"], high["window"], high["baseline"]) == (
+        "low",
+        None,
+        "high",
+        "low",
+    )
+    lo = low["routers"][0]["metrics"]["e2e_p95_s"]
+    hi = high["routers"][0]["metrics"]["e2e_p95_s"]
+    assert lo["vs_baseline"] is None
+    expected = [h / v for h, v in zip(hi["values"], lo["values"], strict=True)]
+    assert hi["vs_baseline"]["ratios"] == pytest.approx(expected)
+    code, stdout, _ = _invoke([*args, "--out", str(tmp_path / "o")])
+    assert "each window over its baseline window by seed" in stdout
+
+
+def test_unknown_metrics_and_seeds_with_a_trace_are_refused(tmp_path: Path) -> None:
+    code, _, stderr = _invoke(["sweep", str(_spec(tmp_path)), "--metrics", "ttft_p96_s"])
+    assert code == 2 and "unknown metric 'ttft_p96_s'" in stderr
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("", encoding="utf-8")
+    code, _, stderr = _invoke(["simulate", "--seeds", "0-1", "--trace", str(trace)])
+    assert code == 2 and "does not combine with --trace" in stderr

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from longroute.config import ConfigError
+from longroute.config import ConfigError, validate_mapping
 from longroute.registry import RegistryError
 from longroute.sweep.present import fail, run_and_report
 
@@ -117,7 +117,7 @@ def sweep_command(
             update["reference"] = reference
         if metrics is not None:
             update["metrics"] = metric_list(metrics)
-        spec = SweepSpec.model_validate({**spec.model_dump(), **update})
+        spec = validate_mapping({**spec.model_dump(), **update}, SweepSpec, "command line", "sweep")
         executor = make_executor(jobs, ray)
     except _ERRORS as exc:
         raise fail(str(exc)) from None

@@ -2,7 +2,9 @@
 
 One panel per metric, one row per (setting, router) that has a ratio: the
 median ratio as a dot, its confidence interval as a bar, and a line at 1
-(the reference). Left of the line is better for lower-is-better metrics.
+(the reference). Left of the line is better for lower-is-better metrics;
+green where the interval is clear of 1 on the better side, red on the worse,
+grey where it spans 1 (a tie).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from longroute.sweep.report import ArmStats, Setting, is_lower_better, setting_name
 
@@ -54,14 +57,16 @@ def forest_plot(
         ]
         if spans and min(spans) > 0 and max(spans) / min(spans) > _LOG_SPAN:
             ax.set_xscale("log")  # ratios over orders of magnitude: 0.5x and 2x equally far
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
         for y, (_name, (arm,)) in zip(positions, rows, strict=True):
             ratio = arm.metrics[metric].ratio
             if ratio is None:
                 continue
             median = ratio.estimate.median
             low, high = ratio.estimate.ci or (median, median)
-            better = median < 1.0 if is_lower_better(metric) else median > 1.0
-            color = "tab:green" if better else "tab:red"
+            color = _color(low, high, is_lower_better(metric))
             ax.errorbar(
                 median, y, xerr=[[median - low], [high - median]], fmt="o", color=color,
                 ecolor=color, capsize=3, markersize=5,
@@ -77,6 +82,13 @@ def forest_plot(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _color(low: float, high: float, is_lower: bool) -> str:
+    """Green: better than the reference (CI clear of 1); red: worse; grey: a tie."""
+    if high < 1.0 or low > 1.0:
+        return "tab:green" if (high < 1.0) == is_lower else "tab:red"
+    return "0.5"
 
 
 __all__ = ["forest_plot"]

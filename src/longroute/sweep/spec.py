@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from longroute.config import ConfigError, read_yaml, validate_mapping
+from longroute.config import read_yaml, validate_mapping
 
 MAX_SEEDS = 10_000
 DEFAULT_METRICS = ("ttft_p95_s", "e2e_p95_s")
@@ -181,10 +181,8 @@ def spec_from_options(
     scenario: str, routers: list[str] | None, seeds: tuple[int, ...], **fields: Any
 ) -> SweepSpec:
     """The spec of a one-scenario sweep from command-line options (``simulate --seeds``)."""
-    try:
-        return SweepSpec(scenarios=[scenario], routers=routers, seeds=seeds, **fields)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    data = {"scenarios": [scenario], "routers": routers, "seeds": seeds, **fields}
+    return validate_mapping(data, SweepSpec, "command line", "sweep")
 
 
 __all__ = [

@@ -25,8 +25,8 @@ def sweep_tables(run: SweepRun, stats: dict[Setting, list[ArmStats]]) -> list[Ta
     for metric in spec.metrics:
         better = "lower" if is_lower_better(metric) else "higher"
         table = Table(
-            title=f"{metric}, {better} is better: median [{level} CI] over seeds; "
-            f"ratio to {run.grid.reference}, paired by seed",
+            title=f"{metric} ({better} is better): median [{level} CI]; "
+            f"ratio to {run.grid.reference} by seed",
             title_justify="left",
         )
         if not is_one_setting:
@@ -55,8 +55,7 @@ def sweep_tables(run: SweepRun, stats: dict[Setting, list[ArmStats]]) -> list[Ta
 def _baseline_table(stats: dict[Setting, list[ArmStats]], metric: str, level: str) -> Table:
     """Each window against its baseline window (same router, paired by seed)."""
     table = Table(
-        title=f"{metric}: each window over its baseline window, same router, paired by seed "
-        f"[{level} CI]",
+        title=f"{metric}: each window over its baseline window by seed [{level} CI]",
         title_justify="left",
     )
     for name in ("window", "baseline", "router"):
