@@ -107,7 +107,10 @@ def sweep_command(
                 raise ConfigError("give a spec file or --scenario, not both")
             spec = load_spec(spec_file)
         else:
-            spec = SweepSpec(scenarios=[scenario or "default"], name=scenario or "default")
+            name = scenario or "default"
+            if name.endswith((".yaml", ".yml")):
+                name = Path(name).stem  # the report folder is named after the file
+            spec = SweepSpec(scenarios=[scenario or "default"], name=name)
         update: dict[str, object] = {}
         if seeds is not None:
             update["seeds"] = parse_seeds(seeds)
