@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from longroute.config import ConfigError
+from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
 if TYPE_CHECKING:
@@ -32,9 +32,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from longroute import __version__
+
+        sys.stdout.write(f"longroute {__version__}\n")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
-    """Keeps `simulate` a subcommand even while it is the only one."""
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Routing, queueing and context reuse for long-context LLM serving."""
 
 
 def _fail(message: str) -> typer.Exit:

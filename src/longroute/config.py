@@ -13,9 +13,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-
-class ConfigError(ValueError):
-    """A configuration file or value is invalid; the message says where."""
+from longroute.errors import ConfigError as ConfigError  # re-exported: the public home
 
 
 class _Model(BaseModel):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from longroute.config import ConfigError
+from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
 if TYPE_CHECKING:

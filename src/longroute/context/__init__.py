@@ -80,16 +80,49 @@ Offline batch (the paper's Figure 5 contexts):
 
 from __future__ import annotations
 
-from longroute.context.annotations import (
-    default_label,
-    location_annotation,
-    order_annotation,
-)
-from longroute.context.dedup import ConversationDedup, DedupResult, Reference
-from longroute.context.distance import DEFAULT_ALPHA, context_distance, pairwise_distances
-from longroute.context.index import ContextIndex, InsertResult, SearchResult
-from longroute.context.ordering import reorder, schedule
-from longroute.context.pilot import BatchPlan, ContextPilot, ContextPlan, ContextRequest
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from longroute.context.annotations import default_label, location_annotation, order_annotation
+    from longroute.context.dedup import ConversationDedup, DedupResult, Reference
+    from longroute.context.distance import DEFAULT_ALPHA, context_distance, pairwise_distances
+    from longroute.context.index import ContextIndex, InsertResult, SearchResult
+    from longroute.context.ordering import reorder, schedule
+    from longroute.context.pilot import BatchPlan, ContextPilot, ContextPlan, ContextRequest
+
+# imported on first use (PEP 562): the index pulls in scipy, which a workload
+# that only needs references and annotations should not pay for
+_LAZY = {
+    "default_label": "longroute.context.annotations",
+    "location_annotation": "longroute.context.annotations",
+    "order_annotation": "longroute.context.annotations",
+    "ConversationDedup": "longroute.context.dedup",
+    "DedupResult": "longroute.context.dedup",
+    "Reference": "longroute.context.dedup",
+    "DEFAULT_ALPHA": "longroute.context.distance",
+    "context_distance": "longroute.context.distance",
+    "pairwise_distances": "longroute.context.distance",
+    "ContextIndex": "longroute.context.index",
+    "InsertResult": "longroute.context.index",
+    "SearchResult": "longroute.context.index",
+    "reorder": "longroute.context.ordering",
+    "schedule": "longroute.context.ordering",
+    "BatchPlan": "longroute.context.pilot",
+    "ContextPilot": "longroute.context.pilot",
+    "ContextPlan": "longroute.context.pilot",
+    "ContextRequest": "longroute.context.pilot",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_ALPHA",

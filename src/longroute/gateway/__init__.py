@@ -5,14 +5,42 @@ Importing this package starts nothing; :class:`Gateway` builds the gateway,
 :func:`longroute.gateway.cli.serve_command` runs it until interrupted.
 """
 
-from longroute.gateway.app import Gateway, RunningGateway, serve_gateway
-from longroute.gateway.config import (
-    GatewayConfig,
-    GatewaySecrets,
-    load_gateway_config,
-    parse_gateway_config,
-    resolve_secrets,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from longroute.gateway.app import Gateway, RunningGateway, serve_gateway
+    from longroute.gateway.config import (
+        GatewayConfig,
+        GatewaySecrets,
+        load_gateway_config,
+        parse_gateway_config,
+        resolve_secrets,
+    )
+
+# imported on first use, so `longroute --help` does not pay for this package (PEP 562)
+_LAZY = {
+    "Gateway": "longroute.gateway.app",
+    "RunningGateway": "longroute.gateway.app",
+    "serve_gateway": "longroute.gateway.app",
+    "GatewayConfig": "longroute.gateway.config",
+    "GatewaySecrets": "longroute.gateway.config",
+    "load_gateway_config": "longroute.gateway.config",
+    "parse_gateway_config": "longroute.gateway.config",
+    "resolve_secrets": "longroute.gateway.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Gateway",

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from longroute.config import ConfigError
+from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
 if TYPE_CHECKING:

@@ -1,9 +1,37 @@
-"""Multi-seed sweeps and their statistics (``longroute sweep``; in progress).
+"""Multi-seed sweeps and their statistics (``longroute sweep``, ``simulate --seeds``).
 
-So far: :mod:`longroute.sweep.stats`, medians over seeds with bootstrap
-confidence intervals and paired ratios against a reference router.
+A spec (:mod:`~longroute.sweep.spec`) expands into cells (:mod:`~longroute.sweep.grid`),
+each one simulation (:mod:`~longroute.sweep.cell`), run on an executor
+(:mod:`~longroute.sweep.executors`: serial, process pool, Ray) through a
+content-keyed cache (:mod:`~longroute.sweep.cache`), and reported as medians
+over seeds with bootstrap CIs and paired ratios (:mod:`~longroute.sweep.stats`,
+:mod:`~longroute.sweep.report`). docs/sweeps.md has the user's view.
 """
 
-from longroute.sweep.stats import Estimate, PairedRatio, median_estimate, paired_ratio
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from longroute.sweep.stats import Estimate, PairedRatio, median_estimate, paired_ratio
+
+# imported on first use, so `longroute --help` does not pay for this package (PEP 562)
+_LAZY = {
+    "Estimate": "longroute.sweep.stats",
+    "PairedRatio": "longroute.sweep.stats",
+    "median_estimate": "longroute.sweep.stats",
+    "paired_ratio": "longroute.sweep.stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Estimate", "PairedRatio", "median_estimate", "paired_ratio"]

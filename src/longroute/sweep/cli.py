@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from longroute.config import ConfigError, validate_mapping
+from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 from longroute.sweep.present import fail, run_and_report
 
@@ -120,6 +120,8 @@ def sweep_command(
             update["reference"] = reference
         if metrics is not None:
             update["metrics"] = metric_list(metrics)
+        from longroute.config import validate_mapping
+
         spec = validate_mapping({**spec.model_dump(), **update}, SweepSpec, "command line", "sweep")
         executor = make_executor(jobs, ray)
     except _ERRORS as exc:

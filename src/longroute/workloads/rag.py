@@ -33,7 +33,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from longroute.context import ContextPilot, ContextRequest, Reference, location_annotation
+from longroute.context.annotations import location_annotation
+from longroute.context.dedup import Reference
 from longroute.features.block_hash import PromptBlocks
 from longroute.workloads._sampling import (
     Segment,
@@ -71,6 +72,8 @@ def plan_contexts(draw: RagDraw, reuse: str) -> list[list[PlannedContext]]:
         raise ValueError(f"reuse must be one of {', '.join(REUSE_SETTINGS)}, got {reuse!r}")
     if reuse == "off":
         return [[PlannedContext(q.documents, None) for q in queries] for queries in draw.sessions]
+    from longroute.context.pilot import ContextPilot, ContextRequest  # scipy: only when used
+
     pilot = ContextPilot()
     out = []
     for sid, queries in zip(session_ids(len(draw.sessions)), draw.sessions, strict=True):
