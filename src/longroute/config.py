@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from longroute.errors import ConfigError as ConfigError  # re-exported: the public home
+from longroute.errors import yaml_error_message
 
 
 class _Model(BaseModel):
@@ -306,7 +307,7 @@ def read_yaml(path: Path, what: str) -> object:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(yaml_error_message(path, exc)) from None
 
 
 def parse_scenario(data: object, source: str) -> ScenarioConfig:

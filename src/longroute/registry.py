@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
+
+from longroute.errors import did_you_mean
 
 T = TypeVar("T")
 
@@ -48,10 +49,8 @@ class Registry(Generic[T]):
         try:
             return self._factories[name]
         except KeyError:
-            hint = difflib.get_close_matches(name, self._factories, n=1)
-            did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
             raise RegistryError(
-                f"unknown {self.kind} {name!r}{did_you_mean}; "
+                f"unknown {self.kind} {name!r}{did_you_mean(name, self._factories)}; "
                 f"valid: {', '.join(self.names()) or '(none registered)'}"
             ) from None
 

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from longroute.errors import did_you_mean, yaml_error_message
+
 
 class ProfileError(ValueError):
     """A profile name that does not exist, or a profile file that is malformed."""
@@ -217,7 +219,7 @@ def _read(cls: type[P], source: Path | Traversable) -> P:
     try:
         data = yaml.safe_load(source.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ProfileError(f"{source}: not valid YAML: {exc}") from exc
+        raise ProfileError(yaml_error_message(source, exc)) from exc
     return _build(cls, data, str(source))
 
 
@@ -260,7 +262,10 @@ def _load_named(cls: type[P], kind: str, name: str) -> P:
     valid = _names(kind)
     if name not in valid:
         label = "model" if kind == "models" else "hardware"
-        raise ProfileError(f"unknown {label} profile {name!r}; valid: {', '.join(valid)}")
+        raise ProfileError(
+            f"unknown {label} profile {name!r}{did_you_mean(name, valid)}; "
+            f"valid: {', '.join(valid)}"
+        )
     entry = _directory(kind) / f"{name}.yaml"
     profile = _read(cls, entry)
     if profile.name != name:

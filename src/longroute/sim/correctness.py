@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from longroute.errors import yaml_error_message
 from longroute.features.length import check_bucket_edges, length_bucket
 from longroute.types import Language
 
@@ -121,7 +122,11 @@ def load_accuracy_table(name_or_path: str) -> AccuracyTable:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ValueError(f"cannot read accuracy table {path}: {exc.strerror}") from None
-        return parse_accuracy_table(yaml.safe_load(text), str(path))
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(yaml_error_message(path, exc)) from None
+        return parse_accuracy_table(data, str(path))
     folder = resources.files("longroute") / "data" / "accuracy"
     names = sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
     if name_or_path not in names:

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from longroute.config import ConfigError, ScenarioConfig, load_scenario_file, parse_scenario
+from longroute.errors import did_you_mean
 from longroute.estimators.capability import CapabilityModel
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
@@ -50,14 +51,38 @@ def builtin_scenario_names() -> list[str]:
 def load_scenario(name_or_path: str) -> ScenarioConfig:
     """A built-in scenario by name, or a YAML file by path."""
     if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
-        return load_scenario_file(Path(name_or_path))
-    if name_or_path not in builtin_scenario_names():
+        path = Path(name_or_path)
+        return check_names(load_scenario_file(path), str(path))
+    names = builtin_scenario_names()
+    if name_or_path not in names:
         raise ConfigError(
-            f"unknown scenario {name_or_path!r}; built-in: {', '.join(builtin_scenario_names())}"
-            " (or give a path to a .yaml file)"
+            f"unknown scenario {name_or_path!r}{did_you_mean(name_or_path, names)}; "
+            f"built-in: {', '.join(names)} (or give a path to a .yaml file)"
         )
     text = resources.files("longroute") / "data" / "scenarios" / f"{name_or_path}.yaml"
     return parse_scenario(yaml.safe_load(text.read_text(encoding="utf-8")), name_or_path)
+
+
+def check_names(config: ScenarioConfig, source: str) -> ScenarioConfig:
+    """Fail on an unknown model, hardware or workload name, naming the file and the field."""
+    from longroute.estimators.profiles import hardware_profile_names, model_profile_names
+
+    checks: list[tuple[str, str, Sequence[str], str]] = []
+    for i, group in enumerate(config.fleet):
+        checks.append((f"fleet[{i}].model", group.model, model_profile_names(), "model profile"))
+        checks.append(
+            (f"fleet[{i}].hardware", group.hardware, hardware_profile_names(), "hardware profile")
+        )
+    if config.workload.generator is not None:
+        name = config.workload.generator
+        checks.append(("workload.generator", name, WORKLOADS.names(), "workload"))
+    for field, name, valid, what in checks:
+        if name not in valid:
+            raise ConfigError(
+                f"{source}: {field}: unknown {what} {name!r}{did_you_mean(name, valid)}; "
+                f"valid: {', '.join(valid)}"
+            )
+    return config
 
 
 def build_endpoints(config: ScenarioConfig) -> list[Endpoint]:

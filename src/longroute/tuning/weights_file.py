@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from longroute.errors import yaml_error_message
+
 _KEYS = ("router", "weights", "objective", "tuned_on")
 
 
@@ -80,7 +82,7 @@ def load_weights(path: Path) -> FrozenWeights:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise WeightsFileError(f"{path}: not valid YAML: {exc}") from exc
+        raise WeightsFileError(yaml_error_message(path, exc)) from exc
     if not isinstance(data, dict):
         raise WeightsFileError(
             f"{path}: expected a mapping at top level, got {type(data).__name__}"
