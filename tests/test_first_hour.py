@@ -69,3 +69,71 @@ def test_unknown_names_in_a_scenario_name_the_file_and_field(
     path.write_text(TINY.replace(old, new), encoding="utf-8")
     code, _, stderr = _simulate("--scenario", str(path))
     assert code == 2 and f"{path}: {message}" in stderr.replace("\n", "")
+
+
+def _trace(tmp_path: Path, num: int = 40, gap_s: float = 0.5) -> Path:
+    path = tmp_path / "t.jsonl"
+    lines = [
+        f'{{"prompt_tokens": 200, "output_tokens": 20, "arrival_s": {i * gap_s}}}'
+        for i in range(num)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+TRACE_SCENARIO = """\
+name: replay
+network:
+  router_region: us
+  rtt_ms: {{us: {{us: 1}}}}
+fleet:
+  - {{name: a, model: llama-3-8b, hardware: a100-80g, region: us, replicas: 2}}
+workload: {{trace: {trace}}}
+{extra}"""
+
+
+def test_a_trace_scenario_replays_its_timestamps_by_default(tmp_path: Path) -> None:
+    from longroute.sim.scenario import load_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text(TRACE_SCENARIO.format(trace=_trace(tmp_path), extra=""), encoding="utf-8")
+    assert load_scenario(str(path)).clients.arrival == "trace"
+    explicit = "clients: {arrival: poisson, rate_per_s: 2}\n"
+    path.write_text(TRACE_SCENARIO.format(trace=_trace(tmp_path), extra=explicit), "utf-8")
+    assert load_scenario(str(path)).clients.arrival == "poisson"  # asked for: kept
+
+
+def test_a_window_load_scale_spaces_a_trace_replay(tmp_path: Path) -> None:
+    import json
+
+    windows = "windows:\n  - {name: full}\n  - {name: half, load_scale: 0.5, seed_offset: 0}\n"
+    path = tmp_path / "s.yaml"
+    path.write_text(TRACE_SCENARIO.format(trace=_trace(tmp_path), extra=windows), "utf-8")
+    result = CliRunner().invoke(
+        app, ["simulate", "--scenario", str(path), "--routers", "least-load", "--json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    full, half = json.loads(result.stdout)["windows"]
+    assert half["num_requests"] == full["num_requests"] == 40
+    full_s = full["routers"]["least-load"]["duration_s"]
+    half_s = half["routers"]["least-load"]["duration_s"]
+    assert half_s == pytest.approx(2 * full_s, rel=0.1)  # 19.5 s of arrivals become 39 s
+
+
+def test_trace_on_a_windowed_scenario_is_refused(tmp_path: Path) -> None:
+    code, _, stderr = _simulate("--scenario", "gorgo", "--trace", str(_trace(tmp_path)))
+    assert code == 2
+    assert "scenario 'gorgo' runs windows (full, half, third)" in stderr.replace("\n", "")
+
+
+def test_a_trace_run_has_its_own_report_folder_and_says_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    trace = _trace(tmp_path)
+    args = ["simulate", "--routers", "least-load", "--trace", str(trace), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "reports" / "default+t" / "summary.json").exists()
+    assert not (tmp_path / "reports" / "default").exists()
+    assert "report: reports/default+t" in result.stderr

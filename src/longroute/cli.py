@@ -173,6 +173,13 @@ def simulate(
         frozen = _load_frozen(weights)
     except (ConfigError, RegistryError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    if config.windows and trace is not None:
+        window_names = ", ".join(w.name for w in config.windows)
+        raise _fail(
+            f"--trace replays one trace at its own timestamps, but scenario {config.name!r} "
+            f"runs windows ({window_names}) with their own loads, tuning and comparison table; "
+            "drop --trace, or give a scenario without windows (e.g. --scenario default)"
+        )
     if config.windows and trace is None:
         from longroute.tune_cli import simulate_windows
 
@@ -215,7 +222,7 @@ def simulate(
     }
     ttca = run.ttca()
     if not no_report:
-        folder = out or Path("reports") / config.name
+        folder = out or Path("reports") / _report_name(config.name, trace)
         records = {r: res.records for r, res in run.results.items()}
         try:
             paths = write_report(
@@ -238,8 +245,16 @@ def simulate(
         console.print(summary_table(summaries, title=title, ttca=ttca))
         if ttca:
             console.print(setting_table(ttca, title=_TTCA_TABLE_TITLE))
-    if not no_report and not json_output:
-        console.print(f"report: {folder} ({len(paths)} files)")
+    if not no_report:  # on stderr under --json, so a script still learns where it went
+        Console(stderr=True, soft_wrap=True).print(
+            f"report: {folder} ({len(paths)} files)", highlight=False
+        )
+
+
+def _report_name(scenario: str, trace: Path | None) -> str:
+    """``default``, or ``default+mooncake_trace`` for a trace replay (never overwrite the
+    scenario's own report)."""
+    return scenario if trace is None else f"{scenario}+{trace.stem}"
 
 
 def _load_frozen(path: Path | None) -> FrozenWeights | None:

@@ -87,7 +87,9 @@ class WorkloadConfig(_Model):
 class ClientConfig(_Model):
     kind: Literal["open", "closed"] = Field("open", description="Open or closed loop.")
     arrival: Literal["poisson", "gamma", "trace"] = Field(
-        "poisson", description="Open-loop arrival process."
+        "poisson",
+        description="Open-loop arrival process; with a trace workload the default is "
+        "'trace' (its own timestamps), and poisson or gamma replace them at rate_per_s.",
     )
     rate_per_s: float | None = Field(None, gt=0, description="Sessions started per second.")
     cv: float = Field(1.0, gt=0, description="Coefficient of variation of gamma gaps.")
@@ -153,7 +155,8 @@ class WindowConfig(_Model):
     load_scale: float = Field(
         1.0,
         gt=0,
-        description="Multiplies the clients' rate_per_s (open loop) or num_users (closed loop).",
+        description="Multiplies the clients' rate_per_s (open loop) or num_users (closed "
+        "loop); a trace replay (arrival: trace) has its timestamps divided by it instead.",
     )
     duration_s: float | None = Field(
         None, gt=0, description="No session starts after this; started ones finish (drain)."
@@ -244,6 +247,24 @@ class ScenarioConfig(_Model):
     tuning: TuningConfig | None = Field(
         None, description="How `longroute tune` tunes a router's weights on this scenario."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_arrivals(cls, data: Any) -> Any:
+        """A trace workload replays its own timestamps unless the clients say otherwise."""
+        if not isinstance(data, dict):
+            return data
+        workload = data.get("workload")
+        clients = data.get("clients", {})
+        is_trace = isinstance(workload, dict) and workload.get("trace") is not None
+        is_open_default = (
+            isinstance(clients, dict)
+            and "arrival" not in clients
+            and clients.get("kind", "open") == "open"
+        )
+        if is_trace and is_open_default:
+            return {**data, "clients": {**clients, "arrival": "trace"}}
+        return data
 
     @model_validator(mode="after")
     def _regions_known(self) -> ScenarioConfig:

@@ -6,7 +6,8 @@ its workload with seed ``seed + i`` (or ``seed + seed_offset`` when it sets
 one), so by default every window sees different requests (a held-out window
 shares no sessions with the tuning window), and scales the clients:
 ``rate_per_s`` (open loop) or ``num_users`` (closed loop) times its
-``load_scale``; its ``duration_s`` stops new sessions (started ones drain).
+``load_scale``, or a trace replay's timestamps divided by it (``time_scale``);
+its ``duration_s`` stops new sessions (started ones drain).
 Its ``workload_params`` are merged over the generator's params, so two
 windows with one ``seed_offset`` can run the same draw with one knob changed
 (e.g. the ``rag`` scenario: context reuse off and on; ``baseline`` pairs them).
@@ -39,7 +40,10 @@ def window_scenario(config: ScenarioConfig, window: WindowConfig) -> ScenarioCon
     """The scenario as run in ``window``: scaled clients, the window's duration."""
     clients = config.clients
     update: dict[str, object] = {}
-    if clients.kind == "open":
+    if clients.kind == "open" and clients.arrival == "trace":
+        # a replay is scaled by spacing its timestamps: half the load, twice the gaps
+        update["time_scale"] = clients.time_scale / window.load_scale
+    elif clients.kind == "open":
         if clients.rate_per_s is None:
             raise ConfigError(
                 f"window {window.name!r}: load_scale needs open-loop clients with rate_per_s "
