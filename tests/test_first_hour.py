@@ -137,3 +137,43 @@ def test_a_trace_run_has_its_own_report_folder_and_says_where(
     assert (tmp_path / "reports" / "default+t" / "summary.json").exists()
     assert not (tmp_path / "reports" / "default").exists()
     assert "report: reports/default+t" in result.stderr
+
+
+def test_an_overloaded_run_says_the_fleet_fell_behind(tmp_path: Path) -> None:
+    trace = tmp_path / "heavy.jsonl"
+    lines = [
+        f'{{"prompt_tokens": 30000, "output_tokens": 300, "arrival_s": {i * 0.05}}}'
+        for i in range(150)
+    ]
+    trace.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path = tmp_path / "s.yaml"
+    path.write_text(TRACE_SCENARIO.format(trace=trace, extra=""), encoding="utf-8")
+    code, _, stderr = _simulate("--scenario", str(path), "--routers", "round-robin", "--json")
+    assert code == 0
+    text = stderr.replace("\n", " ")
+    assert "warning: round-robin: the run went on" in text
+    assert "fell behind: a-" in text and "a-0 (+" in text and "a-1 (+" in text
+
+
+def test_a_run_that_keeps_up_gets_no_backlog_warning(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(TRACE_SCENARIO.format(trace=_trace(tmp_path), extra=""), encoding="utf-8")
+    code, _, stderr = _simulate("--scenario", str(path), "--routers", "round-robin", "--json")
+    assert code == 0 and "warning" not in stderr
+
+
+def test_only_the_endpoints_that_fell_behind_are_named() -> None:
+    from longroute.metrics.backlog import find_backlog
+    from longroute.metrics.records import RequestRecord
+
+    def record(i: int, endpoint: str, arrival: float, finish: float) -> RequestRecord:
+        return RequestRecord(
+            f"r{i}", None, "x", endpoint, "m", None, arrival, arrival, arrival, finish, 1, 0, 1
+        )
+
+    kept_up = [record(i, "fast", i, i + 1.0) for i in range(100)]
+    assert find_backlog(kept_up) is None
+    slow = [record(100 + i, "slow", i, 500.0 + i) for i in range(3)]
+    backlog = find_backlog(kept_up + slow)
+    assert backlog is not None and backlog.endpoints == (("slow", 403.0),)
+    assert backlog.drain_s == 403.0 and backlog.arrival_span_s == 99.0

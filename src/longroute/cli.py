@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,7 +15,6 @@ from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
 if TYPE_CHECKING:
-    from longroute.sim.simulator import SimResult
     from longroute.tuning import FrozenWeights
 
 TABLE_WIDTH = 180
@@ -58,19 +56,6 @@ def _fail(message: str) -> typer.Exit:
         f"[bold red]error:[/] {escape(message)}", highlight=False
     )
     return typer.Exit(code=2)
-
-
-def _warn_rejections(results: Mapping[str, SimResult]) -> None:
-    """Requests no endpoint could take are counted, and said, never dropped silently."""
-    err = Console(stderr=True, soft_wrap=True)
-    for router, res in results.items():
-        if res.num_rejected:
-            example = escape(res.rejections[0]) if res.rejections else ""
-            err.print(
-                f"[yellow]warning:[/] {router}: {res.num_rejected} request(s) rejected "
-                f"(num_rejected in the summary), e.g. {example}",
-                highlight=False,
-            )
 
 
 def _print_list(console: Console) -> None:
@@ -216,7 +201,9 @@ def simulate(
     except (ConfigError, RegistryError, TraceError, ValueError, LookupError) as exc:
         raise _fail(str(exc)) from None
     name = config.name if trace is None else f"{config.name}+{trace.name}"
-    _warn_rejections(run.results)
+    from longroute.run_warnings import warn_results
+
+    warn_results(run.results)
     summaries = {
         r: summarize(res.records, num_rejected=res.num_rejected) for r, res in run.results.items()
     }

@@ -168,9 +168,12 @@ def simulate_windows(
         runs = run_windows(config, seed=seed, routers=routers, prepare_router=prepare)
     except _ERRORS as exc:
         raise _fail(str(exc)) from None
+    from longroute.run_warnings import warn_results
+
     reference = config.tuning.router if config.tuning is not None else routers[0]
     windows = []
     for w in runs:
+        warn_results(w.run.results, where=f"window {w.window.name}")
         summaries = {
             r: summarize(res.records, num_rejected=res.num_rejected)
             for r, res in w.run.results.items()
