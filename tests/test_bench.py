@@ -60,6 +60,7 @@ class FakeServer:
     token_delay_s: float = 0.0
     error_every: int | None = None  # every k-th chat request fails with error_status
     error_status: int = 500
+    models_status: int = 200  # GET /v1/models answers this (401: a key is wanted)
     split: str = "events"  # events | bytes (7-byte writes) | batched (one write)
     has_usage: bool = True
     cut_after: int | None = None  # close the connection after this many stream events
@@ -71,6 +72,9 @@ class FakeServer:
     max_in_flight: int = 0
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.models_status != 200:
+            error = {"error": {"message": "invalid api key", "type": "auth"}}
+            return web.json_response(error, status=self.models_status)
         return web.json_response({"object": "list", "data": [{"id": MODEL}, {"id": "other"}]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -451,3 +455,49 @@ def test_cli_rejects_bad_options(fake: FakeServer) -> None:
     unknown = _cli("--target", fake.url, "--workload", "nope")
     assert unknown.exit_code == 2 and "short-chat" in unknown.stderr
     assert not fake.bodies
+
+
+def test_cli_exits_1_when_too_many_requests_fail(fake: FakeServer) -> None:
+    fake.error_every = 1  # every request fails
+    result = _cli("--target", fake.url, "--num-requests", "4", "--max-tokens", "2", "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["targets"]  # the report is still printed
+    text = result.stderr.replace("\n", " ")
+    assert "failed requests above --max-failed 0.05" in text and "100%" in text
+
+
+def test_cli_tolerates_failures_up_to_max_failed(fake: FakeServer) -> None:
+    fake.error_every = 4  # 25% fail
+    args = ["--target", fake.url, "--num-requests", "8", "--max-tokens", "2", "--json"]
+    assert _cli(*args, "--max-failed", "0.5").exit_code == 0
+    assert _cli(*args).exit_code == 1
+    assert _cli(*args, "--max-failed", "1.5").exit_code == 2
+
+
+def test_cli_a_refused_key_points_to_api_key(fake: FakeServer) -> None:
+    fake.models_status = 401
+    result = _cli("--target", fake.url, "--num-requests", "2")
+    assert result.exit_code == 2 and not fake.bodies
+    text = result.stderr.replace("\n", " ")
+    assert (
+        "refused the credentials (HTTP 401: invalid api key): pass its key with --api-key" in text
+    )
+    assert "pass a model" not in text
+
+
+def test_the_deadline_cuts_think_time_short(fake: FakeServer) -> None:
+    """Sessions asleep between turns stop at --duration-s, not after their think time."""
+    start = time.perf_counter()
+    result = run_bench(
+        [Target(fake.url, "t")],
+        BenchOptions(
+            concurrency=2,
+            workload="long-sessions",
+            workload_params={**LONG, "mean_think_time_s": 30.0, "mean_turns": 4.0},
+            duration_s=1.0,
+            max_tokens=2,
+        ),
+    )
+    wall_s = time.perf_counter() - start
+    assert _only(result).records  # first turns were answered
+    assert wall_s < 5.0, f"ran {wall_s:.1f} s for a 1 s deadline (think times ~30 s)"

@@ -22,6 +22,9 @@ from longroute.workloads.kv_prompts import KV_CHARS_PER_TOKEN
 #: Closed-loop users when neither --concurrency nor --rate is given.
 DEFAULT_CONCURRENCY = 8
 TABLE_WIDTH = 180
+#: the share of failed requests above which `bench` exits 1 (--max-failed)
+DEFAULT_MAX_FAILED = 0.05
+EXIT_TOO_MANY_FAILED = 1
 
 
 def _fail(message: str) -> typer.Exit:
@@ -102,6 +105,13 @@ def bench_command(
         str | None, typer.Option(help="Model name (default: the first of GET /v1/models).")
     ] = None,
     api_key: Annotated[str | None, typer.Option(help="Bearer token sent to the targets.")] = None,
+    max_failed: Annotated[
+        float,
+        typer.Option(
+            help="Exit with status 1 when more than this share of a target's requests failed "
+            "(0 to 1; the report is still printed and written)."
+        ),
+    ] = DEFAULT_MAX_FAILED,
     stream: Annotated[
         bool, typer.Option("--stream/--no-stream", help="Stream responses (SSE).")
     ] = True,
@@ -145,10 +155,18 @@ def bench_command(
     session id in x-longroute-session.
     """
     from longroute.bench.options import BenchError, BenchOptions
-    from longroute.bench.report import bench_json, print_result, print_warnings, write_bench_report
+    from longroute.bench.report import (
+        bench_json,
+        failure_shares,
+        print_result,
+        print_warnings,
+        write_bench_report,
+    )
     from longroute.bench.runner import run_bench
 
     targets = [*(target or []), *([compare] if compare else [])]
+    if not 0.0 <= max_failed <= 1.0:
+        raise _fail(f"--max-failed must be within [0, 1], got {max_failed:g}")
     if not targets:
         raise _fail("give a target: --target URL (twice, or with --compare URL, to compare)")
     if len(targets) > 2:
@@ -188,10 +206,18 @@ def bench_command(
             raise _fail(f"{out}: cannot write the report: {exc.strerror or exc}") from None
     if json_output:
         sys.stdout.write(bench_json(result) + "\n")
-        return
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=TABLE_WIDTH)
-    print_result(console, result)
+    else:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=TABLE_WIDTH)
+        print_result(console, result)
     if out is not None:
-        console.print(f"report: {out}")
+        err.print(f"report: {out}", highlight=False)
+    too_many = {k: v for k, v in failure_shares(result).items() if v > max_failed}
+    if too_many:
+        shares = ", ".join(f"{escape(k)} {v:.0%}" for k, v in too_many.items())
+        err.print(
+            f"[bold red]error:[/] failed requests above --max-failed {max_failed:g}: {shares}",
+            highlight=False,
+        )
+        raise typer.Exit(code=EXIT_TOO_MANY_FAILED)

@@ -26,6 +26,18 @@ DONE = "[DONE]"
 _MAX_MESSAGE_CHARS = 300
 
 
+#: statuses that mean the key is missing or wrong, not that a model is
+AUTH_STATUSES = (401, 403)
+
+
+class AuthRejected(ValueError):
+    """The target refused the credentials (HTTP 401/403)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """A successful response. Token counts are None when the target sent no usage;
@@ -152,12 +164,15 @@ class ChatClient:
         self._clock = clock
 
     async def list_models(self, timeout_s: float) -> list[str]:
-        """Model ids from ``GET /v1/models``; raises aiohttp errors, TimeoutError, ValueError."""
+        """Model ids from ``GET /v1/models``; raises aiohttp errors, TimeoutError, ValueError
+        (:class:`AuthRejected` for 401/403: a missing or wrong key)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._session.get(
             self.base_url + "/models", headers=self._headers, timeout=timeout
         ) as resp:
             body = await resp.text()
+            if resp.status in AUTH_STATUSES:
+                raise AuthRejected(resp.status, _error_message(body))
             if resp.status != 200:
                 raise ValueError(f"GET /v1/models returned {resp.status}: {_error_message(body)}")
         data = json.loads(body).get("data") or []

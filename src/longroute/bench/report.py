@@ -78,11 +78,21 @@ def ratio_table(result: BenchResult) -> Table:
 def _error_line(label: str, errors: tuple[RequestError, ...]) -> str:
     example = errors[0]
     status = "no response" if example.status is None else f"HTTP {example.status}"
+    hint = "; the target wants a key: --api-key" if example.status in (401, 403) else ""
     return (
         f"[yellow]warning:[/] {escape(label)}: {len(errors)} request(s) failed "
         f"(num_errors in the summary), e.g. {escape(example.request_id)}: {status}: "
-        f"{escape(example.message)}"
+        f"{escape(example.message)}{hint}"
     )
+
+
+def failure_shares(result: BenchResult) -> dict[str, float]:
+    """Per target: failed requests / all requests issued (0 when none was issued)."""
+    out = {}
+    for label, res in result.targets.items():
+        total = len(res.records) + len(res.errors)
+        out[label] = len(res.errors) / total if total else 0.0
+    return out
 
 
 def print_warnings(console: Console, result: BenchResult, *, duration_s: float | None) -> None:

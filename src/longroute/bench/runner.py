@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import aiohttp
 
-from longroute.bench.client import ChatClient
+from longroute.bench.client import AuthRejected, ChatClient
 from longroute.bench.kv import KvQuery, is_kv_workload, kv_queries
 from longroute.bench.options import (
     BenchError,
@@ -58,16 +58,24 @@ async def _pick_model(client: ChatClient, target: Target, options: BenchOptions)
         models = await client.list_models(min(options.timeout_s, PROBE_TIMEOUT_S))
     except (aiohttp.ClientConnectionError, TimeoutError) as exc:
         raise BenchError(f"cannot reach target {target.label} at {target.url}: {exc}") from None
+    except AuthRejected as exc:
+        how = "pass its key with --api-key" if options.api_key is None else "check --api-key"
+        raise BenchError(
+            f"target {target.label} at {target.url} refused the credentials ({exc}): {how}"
+        ) from None
     except (aiohttp.ClientError, ValueError, KeyError, TypeError, AttributeError) as exc:
         if options.model is not None:
             return options.model  # listing models is optional when the model is given
         raise BenchError(
-            f"target {target.label} at {target.url}: cannot list models ({exc}); pass a model"
+            f"target {target.label} at {target.url}: cannot list models ({exc}); "
+            "name the model with --model"
         ) from None
     if options.model is not None:
         return options.model
     if not models:
-        raise BenchError(f"target {target.label} at {target.url} lists no model; pass a model")
+        raise BenchError(
+            f"target {target.label} at {target.url} lists no model; name one with --model"
+        )
     return models[0]
 
 

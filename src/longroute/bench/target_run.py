@@ -95,6 +95,22 @@ class TargetRun:
             self._is_limited = True
         return not self._is_limited
 
+    async def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds``, but not past the deadline; False when the deadline came first
+        (a session's think time must not hold the run open after ``duration_s``)."""
+        if seconds <= 0:
+            return True
+        if self._deadline is None:
+            await asyncio.sleep(seconds)
+            return True
+        left_s = self._deadline - self._clock()
+        if left_s <= seconds:
+            await asyncio.sleep(max(0.0, left_s))
+            self._is_limited = True
+            return False
+        await asyncio.sleep(seconds)
+        return True
+
     async def _closed_loop(self, num_users: int) -> None:
         sessions = iter(self._workload.sessions)
 
@@ -111,10 +127,7 @@ class TargetRun:
         starts = open_loop_starts(spec, self._workload, random.Random(self._opts.seed))
         tasks: list[asyncio.Task[None]] = []
         for start_s, session in starts:
-            delay_s = self._t0 + start_s - self._clock()
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
-            if not self._can_issue():
+            if not await self._pause(self._t0 + start_s - self._clock()) or not self._can_issue():
                 break
             tasks.append(asyncio.create_task(self._session(session)))
         await asyncio.gather(*tasks)
@@ -128,8 +141,8 @@ class TargetRun:
         history: list[Message] = []
         for index, turn in enumerate(session.turns):
             think_s = turn.think_time_s * self._opts.think_time_scale
-            if index > 0 and think_s > 0:
-                await asyncio.sleep(think_s)
+            if index > 0 and not await self._pause(think_s):
+                return
             if not self._can_issue():
                 return
             text = user_message(
