@@ -23,8 +23,11 @@ class Registry(Generic[T]):
     names and parameters with an error that lists the valid ones.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, code_params: tuple[str, ...] = ()) -> None:
         self.kind = kind
+        # parameters longroute passes itself (a router's rng, a workload's seed): never
+        # listed as valid config parameters, and refused when a config sets them
+        self.code_params = frozenset(code_params)
         self._factories: dict[str, Callable[..., T]] = {}
 
     def register(self, name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
@@ -57,24 +60,39 @@ class Registry(Generic[T]):
     def build(self, name: str, params: Mapping[str, Any] | None = None, /, **extra: Any) -> T:
         """Instantiate ``name`` with ``params`` (from config) and ``extra`` (from code)."""
         factory = self.get(name)
-        kwargs = {**(params or {}), **extra}
+        config = dict(params or {})
+        kwargs = {**config, **extra}
         signature = inspect.signature(factory)
+        named = [
+            p
+            for p in signature.parameters.values()
+            if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        valid = [p.name for p in named if p.name not in self.code_params]
+        internal = sorted(set(config) & self.code_params)
+        if internal:
+            raise RegistryError(
+                f"{self.kind} {name!r}: {', '.join(internal)} is set by longroute, not in "
+                f"params; valid: {', '.join(valid) or '(none)'}"
+            )
         accepts_any = any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
         )
         if not accepts_any:
-            valid = [
-                p.name
-                for p in signature.parameters.values()
-                if p.kind
-                in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            ]
-            unknown = sorted(set(kwargs) - set(valid))
+            unknown = sorted(set(kwargs) - {p.name for p in named})
             if unknown:
                 raise RegistryError(
                     f"{self.kind} {name!r} has no parameter(s) {', '.join(unknown)}; "
                     f"valid: {', '.join(valid) or '(none)'}"
                 )
+        missing = [
+            p.name for p in named if p.default is inspect.Parameter.empty and p.name not in kwargs
+        ]
+        if missing:
+            raise RegistryError(
+                f"{self.kind} {name!r} needs parameter(s) {', '.join(missing)}: "
+                "give them in its params"
+            )
         try:
             return factory(**kwargs)
         except (TypeError, ValueError) as exc:

@@ -64,7 +64,7 @@ class BaseRouter:
         return None
 
 
-ROUTERS: Registry[Router] = Registry("router")
+ROUTERS: Registry[Router] = Registry("router", code_params=("rng",))
 
 __all__ = ["ROUTERS", "BaseRouter", "NoCandidateError", "Router", "pick_min"]
 
