@@ -88,7 +88,15 @@ def test_config_files_and_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         load_gateway_config(bad)
     config = parse_gateway_config(_config(client_api_keys_env="LR_CLIENT_KEYS"), "f")
     monkeypatch.delenv("LR_B_KEY", raising=False)
-    with pytest.raises(ConfigError, match="backend 'b' api_key_env: environment variable LR_B_KEY"):
+    monkeypatch.delenv("LR_CLIENT_KEYS", raising=False)
+    with pytest.raises(ConfigError) as exc:  # every missing variable at once
+        resolve_secrets(config)
+    assert str(exc.value) == (
+        "environment variable(s) not set or empty: LR_B_KEY (backend 'b' api_key_env), "
+        "LR_CLIENT_KEYS (client_api_keys_env); export them before `longroute serve`"
+    )
+    monkeypatch.setenv("LR_CLIENT_KEYS", "k1")
+    with pytest.raises(ConfigError, match=r"empty: LR_B_KEY \(backend 'b' api_key_env\);"):
         resolve_secrets(config)
     monkeypatch.setenv("LR_B_KEY", "sk-b")
     monkeypatch.setenv("LR_CLIENT_KEYS", " k1, k2 ,")

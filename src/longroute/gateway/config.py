@@ -218,23 +218,29 @@ class GatewaySecrets:
     client_api_keys: frozenset[str] | None
 
 
-def _env(name: str, what: str) -> str:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        raise ConfigError(f"{what}: environment variable {name} is not set or empty")
-    return value
-
-
 def resolve_secrets(config: GatewayConfig) -> GatewaySecrets:
-    """Read the API keys named in ``config``; a named but unset variable is an error."""
-    backend_keys = {
-        b.name: _env(b.api_key_env, f"backend {b.name!r} api_key_env")
+    """Read the API keys named in ``config``; every named but unset (or empty) variable is
+    reported at once, in one ConfigError, so a deployment is fixed in one pass."""
+    wanted = [
+        (b.api_key_env, f"backend {b.name!r} api_key_env")
         for b in config.backends
         if b.api_key_env is not None
+    ]
+    if config.client_api_keys_env is not None:
+        wanted.append((config.client_api_keys_env, "client_api_keys_env"))
+    values = {name: os.environ.get(name, "").strip() for name, _ in wanted}
+    missing = [f"{name} ({what})" for name, what in wanted if not values[name]]
+    if missing:
+        raise ConfigError(
+            f"environment variable(s) not set or empty: {', '.join(missing)}; "
+            "export them before `longroute serve`"
+        )
+    backend_keys = {
+        b.name: values[b.api_key_env] for b in config.backends if b.api_key_env is not None
     }
     client_keys = None
     if config.client_api_keys_env is not None:
-        raw = _env(config.client_api_keys_env, "client_api_keys_env")
+        raw = values[config.client_api_keys_env]
         client_keys = frozenset(k.strip() for k in raw.split(",") if k.strip())
     return GatewaySecrets(backend_keys, client_keys)
 
