@@ -244,9 +244,40 @@ async def test_no_healthy_backend_gives_503_and_not_ready() -> None:
         async with fleet.http.get(fleet.url + "/health") as response:
             live_status = response.status
     assert status == 503
-    assert json.loads(body)["error"]["code"] == "no_healthy_backend"
+    error = json.loads(body)["error"]
+    assert error["code"] == "no_healthy_backend"
+    assert "a: health check answered HTTP 503" in error["message"]  # the cause, per backend
     assert (ready_status, live_status) == (503, 200)
     assert a.bodies == []
+
+
+@async_test
+async def test_not_ready_until_a_backend_answered_and_causes_are_named() -> None:
+    """A closed breaker before any probe means "no failure yet", not "healthy"."""
+    a = FakeBackend("a", Knobs(health_status=503))
+    health = {"interval_s": 30.0, "failure_threshold": 3, "open_s": 30.0}
+    async with running_fleet(a, health=health) as fleet:
+        await eventually(lambda: a.num_health_checks >= 1)
+        async with fleet.http.get(fleet.url + "/ready") as response:
+            status, body = response.status, await response.json()
+        assert fleet.gateway.health.breakers["a"].is_closed  # 1 failure of 3: still closed
+    assert status == 503
+    assert body == {
+        "status": "no healthy backend",
+        "healthy": [],
+        "causes": "a: health check answered HTTP 503",
+    }
+
+
+@async_test
+async def test_ready_once_a_backend_answered() -> None:
+    a = FakeBackend("a")
+    async with running_fleet(a) as fleet:
+        await eventually(lambda: a.num_health_checks >= 1)
+        await eventually(lambda: "a" in fleet.gateway.health.ready_backends())
+        async with fleet.http.get(fleet.url + "/ready") as response:
+            status, body = response.status, await response.json()
+    assert (status, body) == (200, {"status": "ready", "healthy": ["a"]})
 
 
 # ---- metrics, scraping, probes ------------------------------------------------------------
@@ -452,3 +483,45 @@ def test_serve_command_reports_a_taken_port_with_exit_1(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["--config", str(config), "--port", str(port)])
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+@async_test
+async def test_the_rtt_estimate_is_not_seeded_by_the_connection_set_up() -> None:
+    """The first probe of a backend opens its connection and is slow; it must not seed
+    the RTT estimate (it did, and the estimate took minutes to come down)."""
+    import aiohttp
+    from aiohttp import web
+
+    from longroute.gateway.backends import build_backend
+    from longroute.gateway.config import BackendConfig
+    from longroute.gateway.rtt_probe import RttProber
+    from longroute.routing.fleet_view import FleetView
+
+    seen: list[float] = []
+
+    async def health(_: web.Request) -> web.Response:
+        seen.append(0.0)
+        if len(seen) == 1:
+            await asyncio.sleep(0.3)  # what a first request can cost on a busy machine
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        config = BackendConfig.model_validate(
+            {"name": "a", "url": f"http://127.0.0.1:{port}", "model": "m"}
+        )
+        backend = build_backend(config, None)
+        fleet = FleetView([backend.endpoint])
+        prober = RttProber({"a": backend}, fleet, interval_s=1.0, timeout_s=2.0)
+        async with aiohttp.ClientSession() as session:
+            await prober.probe(session, backend)
+        assert len(seen) == 2  # the warm-up, then the first sample
+        assert fleet.state("a").rtt_ms < 100.0  # not the 300 ms of the warm-up
+    finally:
+        await runner.cleanup()

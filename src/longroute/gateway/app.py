@@ -217,10 +217,15 @@ class Gateway:
         return HttpResponse(200, b'{"status": "ok"}')
 
     async def handle_ready(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
-        healthy = [n for n, b in self.health.breakers.items() if b.is_closed]
+        healthy = self.health.ready_backends()
         status = 200 if healthy else 503
-        body = {"status": "ready" if healthy else "no healthy backend", "healthy": healthy}
-        return HttpResponse(status, json.dumps(body).encode())
+        body: dict[str, Any] = {
+            "status": "ready" if healthy else "no healthy backend",
+            "healthy": healthy,
+        }
+        if not healthy:
+            body["causes"] = self.health.causes()
+        return HttpResponse(status, json.dumps(body).encode(), JSON_TYPE)
 
     async def handle_metrics(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
         from prometheus_client import CONTENT_TYPE_LATEST

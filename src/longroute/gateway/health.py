@@ -23,6 +23,15 @@ from longroute.gateway.config import HealthConfig
 log = logging.getLogger("longroute.gateway")
 
 PROBE_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
+MAX_CAUSE_CHARS = 200
+
+
+def probe_error_kind(exc: BaseException) -> str:
+    """``ClientConnectorError (Connection refused)``: the exception's type and the OS reason,
+    never its text (which names internal addresses a client must not see)."""
+    os_error = getattr(exc, "os_error", None)
+    reason = getattr(os_error, "strerror", None) if os_error is not None else None
+    return type(exc).__name__ + (f" ({reason})" if reason else "")
 
 
 class BreakerState(StrEnum):
@@ -110,11 +119,41 @@ class HealthMonitor:
         self.breakers = {
             name: CircuitBreaker(config.failure_threshold, config.open_s) for name in backends
         }
+        # backends that answered at least once (a probe or a request): until then a
+        # closed breaker only means "no failure yet", not "healthy", so /ready waits
+        self.confirmed: set[str] = set()
+        # the last failure per backend ("HTTP 502", "ClientConnectorError: ..."), for
+        # /ready and for the 503 a request gets when no backend is healthy
+        self.last_errors: dict[str, str] = {}
         self._clock = clock
         self._on_change = on_change
 
-    def record(self, name: str, is_ok: bool, *, is_probe: bool = False) -> None:
-        """An outcome for ``name``: a probe, or a request's (passive check)."""
+    def ready_backends(self) -> list[str]:
+        """Backends that answered and whose breaker is closed."""
+        return [n for n, b in self.breakers.items() if b.is_closed and n in self.confirmed]
+
+    def causes(self) -> str:
+        """``a: HTTP 503; b: not probed yet`` over every backend that is not ready."""
+        out = []
+        for name, breaker in self.breakers.items():
+            if breaker.is_closed and name in self.confirmed:
+                continue
+            cause = self.last_errors.get(name)
+            if cause is None:
+                cause = "not probed yet" if breaker.is_closed else "circuit open"
+            out.append(f"{name}: {cause}")
+        return "; ".join(out)
+
+    def record(
+        self, name: str, is_ok: bool, *, is_probe: bool = False, detail: str | None = None
+    ) -> None:
+        """An outcome for ``name``: a probe, or a request's (passive check); ``detail`` says
+        what failed (kept as the backend's last error)."""
+        if is_ok:
+            self.confirmed.add(name)
+            self.last_errors.pop(name, None)
+        elif detail is not None:
+            self.last_errors[name] = detail[:MAX_CAUSE_CHARS]
         breaker = self.breakers[name]
         if breaker.record(is_ok, self._clock.now_s(), is_probe=is_probe):
             if breaker.is_closed:
@@ -141,18 +180,25 @@ class HealthMonitor:
                 continue
             breaker.begin_probe(self._clock.now_s())
             try:
-                self.record(backend.name, await self._probe(session, backend), is_probe=True)
+                failure = await self._probe(session, backend)
+                self.record(backend.name, failure is None, is_probe=True, detail=failure)
             except Exception:  # a bug here must not stop health checking
                 log.exception("health check of backend %s failed unexpectedly", backend.name)
             await asyncio.sleep(interval_s)
 
-    async def _probe(self, session: aiohttp.ClientSession, backend: Backend) -> bool:
+    async def _probe(self, session: aiohttp.ClientSession, backend: Backend) -> str | None:
+        """None when the backend's health path answered 200, else what went wrong (no
+        backend text and no address: the status, or the exception's type and OS reason)."""
         timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
         try:
             async with session.get(
                 backend.health_url, headers=backend.probe_headers, timeout=timeout
             ) as response:
                 await response.read()
-                return response.status == 200
-        except PROBE_ERRORS:
-            return False
+                if response.status == 200:
+                    return None
+                return f"health check answered HTTP {response.status}"
+        except TimeoutError:
+            return f"health check timed out after {self.config.timeout_s:g} s"
+        except PROBE_ERRORS as exc:
+            return f"health check failed: {probe_error_kind(exc)}"

@@ -155,6 +155,7 @@ class Proxy:
         request = job.request
         failure: _Failure | None = None
         suspects: list[str] = []  # backends that failed it after it was sent: not charged yet
+        failed_by: dict[str, str] = {}  # what each suspect did (its last error, if charged)
         for attempt_index in range(self.config.max_retries + 1):
             if failure is not None:
                 self.metrics.retries.inc()
@@ -165,7 +166,7 @@ class Proxy:
             if not isinstance(result, _Failure):
                 if outcome.is_answered:  # it was theirs: the request is fine elsewhere
                     for name in suspects:
-                        self.health.record(name, False)
+                        self.health.record(name, False, detail=failed_by[name])
                 return result, backend.name
             failure = result
             self.metrics.errors.labels(result.kind).inc()
@@ -183,9 +184,10 @@ class Proxy:
                 tried_endpoints=(*request.tried_endpoints, backend.name),
             )
             if not result.is_sent:
-                self.health.record(backend.name, False)
+                self.health.record(backend.name, False, detail=result.message)
                 continue
             suspects.append(backend.name)
+            failed_by[backend.name] = result.message
             if len(suspects) >= self.config.max_request_failures:
                 raise request_failed_error(tuple(suspects), failure.message)
         assert failure is not None
@@ -228,8 +230,10 @@ class Proxy:
             return GatewayError(
                 400, str(exc), kind="context_length", code="context_length_exceeded"
             )
+        causes = self.health.causes()
+        message = f"{exc}; backends: {causes}" if causes else str(exc)
         return GatewayError(
-            503, str(exc), kind="no_backend", type_=SERVER_ERROR, code="no_healthy_backend"
+            503, message, kind="no_backend", type_=SERVER_ERROR, code="no_healthy_backend"
         )
 
     async def _attempt(
@@ -360,7 +364,7 @@ class Proxy:
             kind, message = "timeout", "the request timed out mid-stream"
         else:
             kind, message = "midstream", f"backend {backend.name} failed mid-stream"
-            self.health.record(backend.name, False)
+            self.health.record(backend.name, False, detail=message)
         self.metrics.errors.labels(kind).inc()
         detail = self.redactor.text(f"{type(exc).__name__}: {exc}", 500)
         log.warning("%s: %s (%s)", job.request.request_id, message, detail)

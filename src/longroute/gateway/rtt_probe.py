@@ -18,6 +18,12 @@ class RttProber:
     """Every ``interval_s``, GETs each backend's health path over a pooled keep-alive
     connection (no handshake, so the sample is one HTTP round trip) and folds the
     time into that backend's :class:`RttEwma`, seeded by its first sample.
+
+    The first successful probe of a backend only opens its connection: it pays
+    the TCP (and TLS) handshake and the client's first-request set-up, tens of
+    ms even on loopback, so it is not a round-trip sample; seeding the EWMA with
+    it made the estimate start several times too high and take minutes to
+    come down. Right after it, a second probe seeds the estimate.
     Failed probes give no sample; they are logged once per change.
     """
 
@@ -35,6 +41,7 @@ class RttProber:
         self._interval_s = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._reachability = ReachabilityLog("RTT probe")
+        self._connected: set[str] = set()
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Probe forever; cancelled at shutdown."""
@@ -53,6 +60,10 @@ class RttProber:
             self._reachability.update(backend.name, False, f"{type(exc).__name__}: {exc}")
             return
         self._reachability.update(backend.name, True)
+        if backend.name not in self._connected:
+            self._connected.add(backend.name)  # warm-up: the connection, not a round trip
+            await self.probe(session, backend)
+            return
         sample_ms = (time.perf_counter() - started_s) * 1000.0
         estimate = self.estimates.get(backend.name)
         if estimate is None:
