@@ -24,8 +24,16 @@ TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 MOONCAKE = TRACES / "mooncake_synthetic_trace.jsonl"
 AZURE = TRACES / "azure_llm_inference_2023_conv.csv"
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-needs_mooncake = pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace absent")
-needs_azure = pytest.mark.skipif(not AZURE.exists(), reason="shared Azure trace absent")
+needs_mooncake = pytest.mark.skipif(
+    not MOONCAKE.exists(),
+    reason=f"needs the full Mooncake trace at {MOONCAKE} (not in a clone; the package bundles "
+    "a 500-request excerpt, tested below)",
+)
+needs_azure = pytest.mark.skipif(
+    not AZURE.exists(),
+    reason=f"needs the full Azure trace at {AZURE} (not in a clone; the package bundles a "
+    "3,000-request excerpt, tested below)",
+)
 
 
 def _write(tmp_path: Path, name: str, lines: list[str]) -> Path:
@@ -348,3 +356,22 @@ def test_load_trace_rejects_unknown_formats_and_suffixes(tmp_path: Path) -> None
         load_trace(path)
     csv_path = _write(tmp_path, "t.csv", [AZURE_HEADER.strip(), "2023-11-16 18:15:46,7,8"])
     assert load_trace(csv_path).sessions[0].turns[0] == Turn(7, 8)
+
+
+def test_the_bundled_excerpts_load_by_name() -> None:
+    from longroute.workloads.traces import BUILTIN_TRACES, resolve_trace
+
+    mooncake = load_trace("mooncake")
+    azure = load_trace("azure-conv")
+    assert len(mooncake.sessions) == 500 and mooncake.block_size_tokens == 512
+    assert len(azure.sessions) == 3000
+    assert all(resolve_trace(name).is_file() for name in BUILTIN_TRACES)
+    # the excerpts are the full traces' first lines, unchanged
+    if MOONCAKE.exists():
+        head = MOONCAKE.read_text(encoding="utf-8").splitlines()[:500]
+        assert resolve_trace("mooncake").read_text(encoding="utf-8").splitlines() == head
+
+
+def test_an_unknown_trace_name_gets_a_suggestion() -> None:
+    with pytest.raises(TraceError, match=r"no bundled trace.*did you mean 'mooncake'\?"):
+        load_trace("mooncak")

@@ -14,8 +14,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import date
+from importlib import resources
 from pathlib import Path
 
+from longroute.errors import did_you_mean
 from longroute.workloads._trace_io import (
     DEFAULT_BLOCK_SIZE_TOKENS,
     Line,
@@ -164,9 +166,30 @@ def detect_format(path: Path) -> str:
     return "mooncake" if "hash_ids" in first or "input_length" in first else "native"
 
 
+#: traces bundled with the package (excerpts; data/traces/README.md cites them)
+BUILTIN_TRACES = {"mooncake": "mooncake-excerpt.jsonl", "azure-conv": "azure-conv-excerpt.csv"}
+
+
+def resolve_trace(name_or_path: str | Path) -> Path:
+    """A trace file: ``name_or_path`` if such a file exists, else a bundled trace by name
+    (``mooncake``, ``azure-conv``); anything else is a TraceError that says both."""
+    path = Path(name_or_path)
+    if path.exists() or str(name_or_path) not in BUILTIN_TRACES:
+        if not path.exists() and path.suffix == "" and "/" not in str(name_or_path):
+            raise TraceError(
+                path,
+                "no such trace file, and no bundled trace of that name"
+                f"{did_you_mean(str(name_or_path), BUILTIN_TRACES)}; bundled: "
+                f"{', '.join(BUILTIN_TRACES)}",
+            )
+        return path
+    return Path(str(resources.files("longroute") / "data" / "traces")) / BUILTIN_TRACES[str(path)]
+
+
 def load_trace(path: str | Path, fmt: str | None = None) -> Workload:
-    """Read a trace in format ``fmt`` (one of TRACE_FORMATS), detected from the file when None."""
-    path = Path(path)
+    """Read a trace in format ``fmt`` (one of TRACE_FORMATS), detected from the file when None;
+    ``path`` may name a bundled trace (:data:`BUILTIN_TRACES`)."""
+    path = resolve_trace(path)
     if fmt is not None and fmt not in _READERS:
         raise ValueError(f"unknown trace format {fmt!r}; valid: {', '.join(TRACE_FORMATS)}")
     return _READERS[fmt or detect_format(path)](path)
