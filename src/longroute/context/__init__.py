@@ -80,8 +80,9 @@ Offline batch (the paper's Figure 5 contexts):
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from longroute._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from longroute.context.annotations import default_label, location_annotation, order_annotation
@@ -115,13 +116,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

@@ -7,8 +7,9 @@ a running loop (tests, the demo) and returns the runner and its URL.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from longroute._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from longroute.emulator.options import EmulatorOptions
@@ -25,13 +26,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = ["EmulatorOptions", "create_app", "run_emulator", "serve_emulator", "start_emulator"]

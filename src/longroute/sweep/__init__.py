@@ -10,8 +10,9 @@ over seeds with bootstrap CIs and paired ratios (:mod:`~longroute.sweep.stats`,
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from longroute._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from longroute.sweep.stats import Estimate, PairedRatio, median_estimate, paired_ratio
@@ -25,13 +26,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = ["Estimate", "PairedRatio", "median_estimate", "paired_ratio"]
