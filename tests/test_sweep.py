@@ -29,7 +29,13 @@ def test_seed_ranges_parse_in_order() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("4-1", "empty"), ("a-b", "not N or N-M"), ("1,1", "twice"), ("", "not N or N-M")],
+    [
+        ("4-1", "empty"),
+        ("a-b", "not N or N-M"),
+        ("1,1", "twice"),
+        ("", "not N or N-M"),
+        ("-2-1", "-2 is negative"),
+    ],
 )
 def test_bad_seed_ranges_say_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -116,6 +122,18 @@ def test_grid_errors_come_before_any_simulation(
     base: dict[str, object] = {"scenarios": [str(write_tiny(tmp_path))], "routers": ["least-load"]}
     spec = SweepSpec.model_validate({**base, **fields})
     with pytest.raises(error, match=message):
+        expand(spec)
+
+
+def test_a_grid_too_large_is_refused_before_it_is_built() -> None:
+    spec = SweepSpec(
+        routers=["gorgo"],
+        seeds=parse_seeds("0-9999"),
+        router_params={
+            "gorgo": {"rtt_weight": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2]}
+        },
+    )
+    with pytest.raises(ConfigError, match="at least 110,000 cells, more than 100,000"):
         expand(spec)
 
 

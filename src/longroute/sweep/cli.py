@@ -171,14 +171,9 @@ def simulate_seeds(
     from longroute.sim.scenario import load_scenario, resolve_routers
     from longroute.sweep.spec import parse_seeds, spec_from_options
 
-    names = None
-    if routers is not None:
-        names = [r.strip() for r in routers.split(",") if r.strip()]
-        if not names:
-            raise fail("--routers names no router; give a comma-separated list")
     try:
         config = load_scenario(scenario)
-        names = resolve_routers(config, names)
+        names = resolve_routers(config, None if routers is None else _router_list(routers))
         frozen = None
         if options.weights is not None:
             from longroute.tuning import load_weights

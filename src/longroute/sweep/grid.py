@@ -20,6 +20,7 @@ from longroute.sweep.cell import Cell
 from longroute.sweep.spec import SweepSpec, router_variants
 
 BASE_FLEET = "base"
+MAX_CELLS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,7 @@ def expand(spec: SweepSpec) -> Grid:
     from longroute.sim.scenario import load_scenario, resolve_routers
 
     fleets = spec.fleets or {BASE_FLEET: {}}
+    _check_size(spec, len(fleets))
     cells: list[Cell] = []
     all_labels: list[str] = []
     for name in spec.scenarios:
@@ -72,6 +74,29 @@ def expand(spec: SweepSpec) -> Grid:
             f"{', '.join(all_labels)}"
         )
     return Grid(spec, tuple(cells), reference, tuple(all_labels))
+
+
+def _check_size(spec: SweepSpec, num_fleets: int) -> None:
+    """Refuse a grid of more than MAX_CELLS before building it (a typo in a range must not
+    fill memory); windows and unlisted routers are not known yet, so count generously:
+    every router given params or named, at least one, times its variants."""
+    num_variants = sum(
+        len(router_variants(r, spec.router_params.get(r, {})))
+        for r in (spec.routers or list(spec.router_params) or ["-"])
+    )
+    size = (
+        len(spec.scenarios)
+        * max(1, len(spec.windows or []))
+        * len(spec.load_scales)
+        * num_fleets
+        * max(1, num_variants)
+        * len(spec.seeds)
+    )
+    if size > MAX_CELLS:
+        raise ConfigError(
+            f"the sweep has at least {size:,} cells, more than {MAX_CELLS:,}; "
+            "fewer seeds, loads or parameter values"
+        )
 
 
 def _variants(spec: SweepSpec, router: str) -> list[tuple[str, str, dict[str, Any]]]:

@@ -72,11 +72,9 @@ def analyse(run: SweepRun) -> dict[Setting, list[ArmStats]]:
     for cell, result in zip(run.grid.cells, run.results, strict=True):
         arms = groups.setdefault(cell.setting(), {})
         baselines[cell.setting()] = cell.baseline
-        arms.setdefault(cell.label, [])
-        if result.is_ok:
-            arms[cell.label].append((cell, result))
+        arms.setdefault(cell.label, []).append((cell, result))
     by_arm = {
-        (setting, label): {c.seed: r.metrics for c, r in cells}
+        (setting, label): {c.seed: r.metrics for c, r in cells if r.is_ok}
         for setting, arms in groups.items()
         for label, cells in arms.items()
     }
@@ -99,9 +97,8 @@ def analyse(run: SweepRun) -> dict[Setting, list[ArmStats]]:
                 if base_seeds is not None:
                     vs_base = _paired(m, by_seed, base_seeds, spec.confidence)
                 metrics[m] = _metric_stats(m, by_seed, spec.confidence, ratio, vs_base)
-            first = next((c for c, _ in cells), None)
-            router = first.router if first else label.split("(")[0]
-            params = dict(first.params) if first else {}
+            first = cells[0][0]  # failed or not, it names the router and its params
+            router, params = first.router, dict(first.params)
             has_base = baseline if base_seeds is not None else None
             stats.append(ArmStats(label, router, params, tuple(by_seed), metrics, has_base))
         out[setting] = stats

@@ -29,7 +29,7 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0-2,7"`` -> (0, 1, 2, 7); order kept, no repeats.
 
     Raises ValueError naming the bad part for an empty, reversed or malformed
-    range, a repeated seed, or more than ``MAX_SEEDS`` seeds.
+    range, a negative or repeated seed, or more than ``MAX_SEEDS`` seeds.
     """
     seeds: list[int] = []
     for part in text.split(","):
@@ -51,6 +51,8 @@ def _unique_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
         raise ValueError("seeds: at least one seed is needed")
     seen: set[int] = set()
     for seed in seeds:
+        if seed < 0:
+            raise ValueError(f"seeds: {seed} is negative (workload draws take seeds >= 0)")
         if seed in seen:
             raise ValueError(f"seeds: seed {seed} is given twice")
         seen.add(seed)
