@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
 from longroute.sweep.cell import Cell, CellResult, execute_cell, failed
@@ -73,8 +74,11 @@ class PoolExecutor:
         self.num_workers = num_workers or os.cpu_count() or 1
         self._context = multiprocessing.get_context("spawn")
 
-    def _pool(self, num_workers: int) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(num_workers, self._context, initializer=_ignore_sigint)
+    def _pool(self, num_workers: int) -> tuple[ProcessPoolExecutor, set[BaseProcess]]:
+        """A pool, and the child processes that were there before it (not its workers)."""
+        others = set(multiprocessing.active_children())
+        pool = ProcessPoolExecutor(num_workers, self._context, initializer=_ignore_sigint)
+        return pool, others
 
     def run(self, cells: Sequence[Cell], on_result: OnResult, fn: CellFn = execute_cell) -> None:
         pending = deque(range(len(cells)))
@@ -87,7 +91,7 @@ class PoolExecutor:
         self, cells: Sequence[Cell], pending: deque[int], on_result: OnResult, fn: CellFn
     ) -> list[int]:
         """Run pending cells until done or the pool breaks; returns the cells it broke under."""
-        pool = self._pool(self.num_workers)
+        pool, others = self._pool(self.num_workers)
         in_flight: dict[Future[CellResult], int] = {}
         suspects: list[int] = []
         try:
@@ -108,33 +112,39 @@ class PoolExecutor:
                     else:
                         on_result(index, future.result())
         except BaseException:
-            _stop(pool, in_flight)
+            _stop(pool, in_flight, others)
             raise
         pool.shutdown(wait=True)
         return suspects
 
     def _run_alone(self, cell: Cell, fn: CellFn) -> CellResult:
-        pool = self._pool(1)
+        pool, others = self._pool(1)
         future = pool.submit(fn, cell)
         try:
             return future.result()
         except BrokenProcessPool:
             return failed(WORKER_DIED)
         except BaseException:
-            _stop(pool, {future: 0})
+            _stop(pool, {future: 0}, others)
             raise
         finally:
             pool.shutdown(wait=True)
 
 
-def _stop(pool: ProcessPoolExecutor, in_flight: dict[Future[CellResult], int]) -> None:
-    """Cancel what waits, terminate the workers (they ignore SIGINT), reap them."""
+def _stop(
+    pool: ProcessPoolExecutor,
+    in_flight: dict[Future[CellResult], int],
+    others: set[BaseProcess],
+) -> None:
+    """Cancel what waits, terminate the pool's workers (they ignore SIGINT), reap them;
+    child processes that were there before the pool (``others``) are left alone."""
     for future in in_flight:
         future.cancel()
     pool.shutdown(wait=False, cancel_futures=True)
-    for child in multiprocessing.active_children():
+    workers = [c for c in multiprocessing.active_children() if c not in others]
+    for child in workers:
         child.terminate()
-    for child in multiprocessing.active_children():
+    for child in workers:
         child.join(timeout=5)
 
 
