@@ -40,7 +40,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from longroute.emulator import EmulatorOptions, start_emulator
 from longroute.gateway import Gateway, GatewaySecrets, serve_gateway
+from longroute.gateway.backends import Backend
 from longroute.gateway.config import parse_gateway_config
+from longroute.gateway.scrape import EngineScraper
 from longroute.routing.fleet_view import FleetView
 
 pytestmark = pytest.mark.real_engine
@@ -298,6 +300,30 @@ class ScrapeTimeline:
         return "scraped (s, running, waiting): " + ", ".join(map(str, self.changes))
 
 
+class ScrapeLog:
+    """Every scrape of vLLM the gateway makes from now on: its start, duration and outcome."""
+
+    def __init__(self, scraper: EngineScraper) -> None:
+        self.started_s = time.monotonic()
+        self.scrapes: list[tuple[float, float, int | None]] = []
+        scrape = scraper.scrape
+
+        async def logged(session: aiohttp.ClientSession, backend: Backend) -> None:
+            started_s = time.monotonic()
+            await scrape(session, backend)
+            if backend.name == "vllm":
+                stats = scraper.stats.get("vllm")
+                running = None if stats is None else stats.num_running
+                since_s = round(started_s - self.started_s, 2)
+                self.scrapes.append((since_s, round(time.monotonic() - started_s, 2), running))
+
+        scraper.scrape = logged  # type: ignore[method-assign]
+
+    def __str__(self) -> str:
+        recent = ", ".join(map(str, self.scrapes[-15:]))
+        return f"{len(self.scrapes)} scrapes of vLLM (s, took s, running), the last: {recent}"
+
+
 def words(rng: random.Random, num_words: int) -> str:
     """Text of about one token per word for the tiny model's tokenizer."""
     return " ".join(rng.choice(WORDS) for _ in range(num_words))
@@ -423,7 +449,7 @@ async def _open_long_stream(url: str) -> asyncio.StreamWriter:
     head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     writer.write(head.encode() + body)
     await writer.drain()
-    await asyncio.wait_for(reader.readuntil(b"data: "), 60.0)
+    await asyncio.wait_for(reader.readuntil(b"data: "), 120.0)
     return writer
 
 
@@ -451,16 +477,26 @@ async def test_gateway_scrapes_vllm_metrics_into_the_fleet_view(vllm: Vllm) -> N
 
         busy_before = proxy.num_busy_connections("vllm")
         disconnects_before = num_disconnects()
-        url = fleet.url
-        writers = await asyncio.gather(*(_open_long_stream(url) for _ in range(NUM_LONG_STREAMS)))
         timeline = ScrapeTimeline(view)
+        scrapes = ScrapeLog(scraper)
 
         def explain() -> str:  # what the gateway scraped, and vLLM's log without probe lines
             lines = vllm.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
             kept = [line for line in lines if '"GET /metrics' not in line and "/health" not in line]
-            return f"{timeline}\nvLLM log {vllm.log_path}:\n" + "\n".join(kept[-20:])
+            head = f"{timeline}\n{scrapes}\nvLLM log {vllm.log_path}:\n"
+            return head + "\n".join(kept[-20:])
 
-        await eventually(lambda: (timeline.num_running() or 0) >= 1, "running", 30.0, explain)
+        # the timeline starts before the streams: on a busy 2-core machine vLLM has been seen
+        # to start them one after another, each running for seconds, so the scrapes are
+        # watched from the first stream on rather than after the last one's first chunk
+        url = fleet.url
+        opening = asyncio.gather(*(_open_long_stream(url) for _ in range(NUM_LONG_STREAMS)))
+        try:
+            await eventually(lambda: (timeline.num_running() or 0) >= 1, "running", 90.0, explain)
+        except BaseException:
+            opening.cancel()
+            raise
+        writers = await opening
         # a stream may already have ended: vLLM can hold the others back until it has
         num_inflight = view.state("vllm").num_inflight_requests
         assert num_inflight >= 1, explain()
