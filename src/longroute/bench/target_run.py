@@ -137,7 +137,7 @@ class TargetRun:
         if self._queries is not None:
             await self._question(session, self._queries[session.session_id])
             return
-        headers = {SESSION_HEADER: session.session_id}
+        headers = {SESSION_HEADER: session.conversation}
         history: list[Message] = []
         for index, turn in enumerate(session.turns):
             think_s = turn.think_time_s * self._opts.think_time_scale
@@ -227,7 +227,7 @@ class TargetRun:
             self.errors.append(
                 RequestError(
                     request_id,
-                    session.session_id,
+                    session.conversation,
                     label,
                     outcome.status,
                     outcome.message,
@@ -251,7 +251,7 @@ class TargetRun:
         turn = session.turns[index]
         return RequestRecord(
             request_id=request_id,
-            session_id=session.session_id,
+            session_id=session.conversation,
             router=self._target.label,
             endpoint=done.endpoint or self._target.label,
             model=done.answering_model or self._model,

@@ -226,7 +226,7 @@ class Simulation:
             model=turn.model,
             language=turn.language,
             task=turn.task,
-            session_id=session.session_id,
+            session_id=session.conversation,
             slo=turn.slo or self.default_slo,
         )
         self._dispatch(request, session, turn_index, user)

@@ -21,7 +21,7 @@ from longroute.workloads.types import Session, Turn, Workload
 
 _SLO_FIELDS = ("slo_ttft_s", "slo_e2e_s", "slo_tpot_s")
 NATIVE_FIELDS = (
-    "session_id", "arrival_s", "think_time_s", "prompt_tokens", "output_tokens",
+    "session_id", "conversation_id", "arrival_s", "think_time_s", "prompt_tokens", "output_tokens",
     "block_size_tokens", "block_hashes", "language", "task", "model", *_SLO_FIELDS,
 )  # fmt: skip
 _LANGUAGES = {language.value: language for language in Language}
@@ -32,6 +32,7 @@ T = TypeVar("T")
 class _NativeRow:
     line: Line
     session_id: str | None
+    conversation_id: str | None
     arrival_s: float | None
     block_size_tokens: int | None
     turn: Turn
@@ -90,6 +91,7 @@ def _native_row(line: Line, obj: dict[str, Any]) -> _NativeRow:
     return _NativeRow(
         line,
         _native_text(line, obj, "session_id"),
+        _native_text(line, obj, "conversation_id"),
         _native_optional(line, obj, "arrival_s", Line.float_field),
         _native_optional(line, obj, "block_size_tokens", _block_size),
         turn,
@@ -124,6 +126,9 @@ def _native_sessions(path: Path, rows: list[_NativeRow]) -> list[Session]:
             if row.arrival_s is not None:
                 message = "allowed on a session's first line only (later turns use think_time_s)"
                 raise row.line.error("arrival_s", message)
+            if row.conversation_id is not None:
+                message = "allowed on a session's first line only (it names the whole session's)"
+                raise row.line.error("conversation_id", message)
             groups[-1][1].append(row)
             continue
         session_id = row.session_id or f"{path.stem}-{row.line.number}"
@@ -133,7 +138,12 @@ def _native_sessions(path: Path, rows: list[_NativeRow]) -> list[Session]:
         seen.add(session_id)
         groups.append((session_id, [row]))
     return [
-        Session(session_id, tuple(row.turn for row in group), group[0].arrival_s)
+        Session(
+            session_id,
+            tuple(row.turn for row in group),
+            group[0].arrival_s,
+            group[0].conversation_id,
+        )
         for session_id, group in groups
     ]
 
@@ -155,6 +165,8 @@ def read_native_jsonl(path: str | Path) -> Workload:
 
 def _native_object(session: Session, index: int, turn: Turn, block_size: int) -> dict[str, Any]:
     obj: dict[str, Any] = {"session_id": session.session_id}
+    if index == 0 and session.conversation_id is not None:
+        obj["conversation_id"] = session.conversation_id
     if index == 0 and session.start_s is not None:
         obj["arrival_s"] = session.start_s
     if turn.think_time_s != 0.0:

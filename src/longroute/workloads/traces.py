@@ -25,6 +25,7 @@ from longroute.workloads._trace_io import (
     json_objects,
     read_lines,
 )
+from longroute.workloads.conversations import infer_conversations
 from longroute.workloads.native import NATIVE_FIELDS, read_native_jsonl, write_native_jsonl
 from longroute.workloads.types import Session, Turn, Workload
 
@@ -60,6 +61,9 @@ def read_mooncake(path: str | Path) -> Workload:
     Block hashes are the first ``input_length // 512`` hash ids (a trailing
     partial block is not cacheable); ``output_length`` 0 becomes 1 (a request
     produces at least one token). Other fields are ignored (Mooncake's format).
+    Every request is a session at its own timestamp; requests that continue an
+    earlier one's context share its ``conversation_id``
+    (:func:`~longroute.workloads.conversations.infer_conversations`).
     """
     path = Path(path)
     rows: list[tuple[float, Session]] = []
@@ -74,7 +78,8 @@ def read_mooncake(path: str | Path) -> Workload:
             raise line.error("hash_ids", f"expected {expected}, got {len(hash_ids)}")
         turn = Turn(num_prompt_tokens, num_output_tokens, tuple(hash_ids[:num_full_blocks]))
         rows.append((start_s, Session(f"{path.stem}-{line.number}", (turn,), start_s)))
-    return Workload(path.stem, _sorted_sessions(rows), MOONCAKE_BLOCK_SIZE_TOKENS)
+    sessions = infer_conversations(_sorted_sessions(rows))
+    return Workload(path.stem, sessions, MOONCAKE_BLOCK_SIZE_TOKENS)
 
 
 _UNIX_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()

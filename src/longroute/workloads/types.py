@@ -3,7 +3,10 @@
 A *session* is a conversation (or a single request, for traces). Its turns
 run one after another: turn k+1 is issued ``think_time_s`` after turn k's
 answer arrives. A session with ``start_s`` set starts at that time (trace
-replay); otherwise the client's arrival process decides.
+replay); otherwise the client's arrival process decides. Trace requests that
+continue one conversation stay sessions of their own (each at its own
+timestamp) and share a ``conversation_id`` (see
+:mod:`longroute.workloads.conversations`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,19 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class Session:
+    """Turns run one after another; ``conversation_id`` names the conversation when it is
+    not this session alone (several trace requests of one conversation)."""
+
     session_id: str
     turns: tuple[Turn, ...]
     start_s: float | None = None
+    conversation_id: str | None = None
+
+    @property
+    def conversation(self) -> str:
+        """``conversation_id``, else ``session_id``: the session id its requests carry, which
+        session-affinity routing keys on."""
+        return self.session_id if self.conversation_id is None else self.conversation_id
 
 
 @dataclass(frozen=True, slots=True)
