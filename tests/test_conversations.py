@@ -11,6 +11,7 @@ import pytest
 
 from longroute.sim.scenario import load_scenario, run_scenario
 from longroute.workloads.conversations import conversation_roots, infer_conversations
+from longroute.workloads.reuse import reuse_stats
 from longroute.workloads.traces import (
     TraceError,
     load_trace,
@@ -137,6 +138,14 @@ def test_the_full_mooncake_trace_conversations() -> None:
     sizes = _requests_per_conversation(workload)
     assert sum(sizes.values()) == 2758  # conversations of 3,993 requests
     assert sizes[1] == 2503 and max(sizes) == 24
+
+
+def test_reuse_within_an_inferred_conversation_counts_as_intra_session(tmp_path: Path) -> None:
+    path = _mooncake_file(tmp_path, [(0, 1100, [1, 2, 3]), (500, 1700, [1, 2, 4, 5])])
+    stats = reuse_stats(read_mooncake(path))
+    assert stats.num_sessions == 2 and stats.num_prompt_blocks == 5
+    assert stats.intra_session_fraction == pytest.approx(2 / 5)
+    assert stats.cross_session_fraction == 0.0
 
 
 def test_azure_traces_have_no_hashes_and_so_no_conversations() -> None:

@@ -6,9 +6,11 @@ path. Every full prompt block is classified by its block hash, in the order
 the workload presents its requests:
 
 * *intra-session*: the hash was first seen earlier in the same session
-  (conversation history, re-sent on every turn);
-* *cross-session*: the hash was first seen in another session (shared system
-  prompts, templates, or a trace's shared hash ids);
+  (conversation history, re-sent on every turn), or in the same conversation
+  (:attr:`Session.conversation`: trace requests inferred to continue one
+  another, :mod:`longroute.workloads.conversations`);
+* *cross-session*: the hash was first seen in another session and
+  conversation (shared system prompts, templates, documents);
 * *unique*: the hash was never seen before.
 
 Requests are visited session by session, each session's turns in order;
@@ -53,12 +55,13 @@ def reuse_stats(workload: Workload) -> ReuseStats:
 
     Raises ``ValueError`` naming the workload when it has no requests or no
     full prompt block (the fractions would be undefined). O(total prompt
-    blocks) time; memory: one dict entry (hash -> first session index) per
+    blocks) time; memory: one dict entry (hash -> first conversation) per
     distinct block hash.
     """
-    first_session: dict[int, int] = {}
+    first_session: dict[int, str] = {}
     num_requests = num_prompt_tokens = num_blocks = num_intra = num_cross = 0
-    for index, session in enumerate(_visit_order(workload)):
+    for session in _visit_order(workload):
+        conversation = session.conversation
         for turn in session.turns:
             num_requests += 1
             num_prompt_tokens += turn.num_prompt_tokens
@@ -66,8 +69,8 @@ def reuse_stats(workload: Workload) -> ReuseStats:
             for block_hash in turn.block_hashes:
                 seen_in = first_session.get(block_hash)
                 if seen_in is None:
-                    first_session[block_hash] = index
-                elif seen_in == index:
+                    first_session[block_hash] = conversation
+                elif seen_in == conversation:
                     num_intra += 1
                 else:
                     num_cross += 1
