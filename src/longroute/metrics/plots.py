@@ -3,6 +3,9 @@
 matplotlib is imported lazily and never through pyplot, so importing this
 module has no side effects and the global matplotlib backend is left alone.
 PNGs are written without a "Software" entry, so equal inputs give equal files.
+Each figure has a ``*_figure`` builder (what the tests inspect) and a
+``*_plot`` that writes it. Legends sit outside the axes, so they never hide
+data.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from longroute.metrics.records import RequestRecord
 from longroute.metrics.summary import requests_per_endpoint
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 #: Most points drawn per CDF line; more than a figure's pixel resolution.
@@ -37,17 +41,33 @@ def save_png(fig: Figure, path: Path) -> Path:
     return path
 
 
-def latency_cdf_plot(
-    path: Path,
+def legend_outside(ax: Axes, *, title: str | None = None) -> None:
+    """The axes' legend to the right of its plotting area (constrained layout makes room)."""
+    ax.legend(
+        loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small",
+        title=title, title_fontsize="small",
+    )  # fmt: skip
+
+
+def plain_log_ticks(ax: Axes, *, is_y: bool = False) -> None:
+    """Log-scale tick labels as plain numbers (0.1, 1, 10) rather than powers of ten."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis = ax.yaxis if is_y else ax.xaxis
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def cdf_figure(
     scenario: str,
     metric: str,
     latency_s: Callable[[RequestRecord], float],
     records_by_router: Mapping[str, Sequence[RequestRecord]],
-) -> Path:
+) -> Figure:
     """Empirical CDF of ``latency_s`` (named ``metric``), one step line per router, log-x."""
     import numpy as np
 
-    fig = new_figure(8.0, 5.0)
+    fig = new_figure(9.0, 5.0)
     ax = fig.add_subplot()
     has_data = False
     for router, records in records_by_router.items():
@@ -63,23 +83,35 @@ def latency_cdf_plot(
         ax.step(values, ranks / ranks[-1], where="post", label=f"{router} (n={int(ranks[-1])})")
     if has_data:
         ax.set_xscale("log")
+        plain_log_ticks(ax)
     ax.set_xlabel(f"{metric} (s, log scale)")
     ax.set_ylabel("fraction of requests ≤ x")
     ax.set_ylim(0.0, 1.02)
-    ax.set_title(f"{scenario}: {metric} CDF")
+    ax.set_title(f"{scenario}: {metric} CDF (further left is faster)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
-    return save_png(fig, path)
+    legend_outside(ax, title="router")
+    return fig
 
 
-def endpoint_plot(
-    path: Path, scenario: str, records_by_router: Mapping[str, Sequence[RequestRecord]]
+def latency_cdf_plot(
+    path: Path,
+    scenario: str,
+    metric: str,
+    latency_s: Callable[[RequestRecord], float],
+    records_by_router: Mapping[str, Sequence[RequestRecord]],
 ) -> Path:
+    """Writes :func:`cdf_figure` to ``path``."""
+    return save_png(cdf_figure(scenario, metric, latency_s, records_by_router), path)
+
+
+def endpoint_figure(
+    scenario: str, records_by_router: Mapping[str, Sequence[RequestRecord]]
+) -> Figure:
     """Grouped bars: requests per endpoint (x), one bar per router."""
     counts = {router: requests_per_endpoint(recs) for router, recs in records_by_router.items()}
     endpoints = sorted({name for per in counts.values() for name in per})
     num_routers = max(len(counts), 1)
-    width_in = min(max(8.0, 0.25 * len(endpoints) * num_routers + 2.0), 30.0)
+    width_in = min(max(9.0, 0.25 * len(endpoints) * num_routers + 3.5), 30.0)
     fig = new_figure(width_in, 5.0)
     ax = fig.add_subplot()
     bar_width = 0.8 / num_routers
@@ -100,5 +132,12 @@ def endpoint_plot(
     ax.set_title(f"{scenario}: requests per endpoint")
     ax.grid(True, axis="y", alpha=0.3)
     if counts:
-        ax.legend()
-    return save_png(fig, path)
+        legend_outside(ax, title="router")
+    return fig
+
+
+def endpoint_plot(
+    path: Path, scenario: str, records_by_router: Mapping[str, Sequence[RequestRecord]]
+) -> Path:
+    """Writes :func:`endpoint_figure` to ``path``."""
+    return save_png(endpoint_figure(scenario, records_by_router), path)

@@ -23,12 +23,8 @@ from rich.table import Table
 from longroute.metrics.plots import endpoint_plot, latency_cdf_plot
 from longroute.metrics.records import RequestRecord
 from longroute.metrics.ttca import TtcaSummary
-from longroute.metrics.ttca_report import (
-    comparison_json,
-    improvement_plot,
-    success_plot,
-    write_setting_csv,
-)
+from longroute.metrics.ttca_plots import improvement_plot, success_plot
+from longroute.metrics.ttca_report import comparison_json, write_setting_csv
 from longroute.types import SLO
 
 SummaryMap = Mapping[str, Mapping[str, float | int | None]]

@@ -1,4 +1,4 @@
-"""TTCA parts of a report: comparisons, the per-setting table and CSV, and two figures.
+"""TTCA parts of a report: comparisons, the per-setting table and the CSV.
 
 Called once at the end of a run whose records carry correctness (retrying
 clients), by ``metrics.report`` and the ``simulate`` command. The reference
@@ -6,20 +6,14 @@ router is the first one whose name starts with "laar"; ratios are
 TTCA(reference) / TTCA(other) (below 1: the reference is faster to a
 correct answer), improvements 1 - ratio (the seed's Figure 4).
 
-* ``ttca_success.png`` (the seed's Figure 3): per length bucket, one line per
-  router through (mean TTCA with the cap at k, success rate within k) for
-  k = 1..R; the last point is the run's TTCA and final success rate.
-* ``ttca_improvement.png`` (Figure 4): per other router, a heat map of the
-  reference's TTCA improvement per (language, length bucket); red cells
-  are settings where the reference loses.
-
-Figures come from ``plots`` (lazy matplotlib, explicit Agg canvas).
+The two figures (``ttca_success.png``, ``ttca_improvement.png``) are drawn by
+``ttca_plots``.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +21,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from longroute.features.length import bucket_label
-from longroute.metrics.plots import new_figure, save_png
-from longroute.metrics.records import RequestRecord
 from longroute.metrics.ttca import (
-    QueryTtca,
     TtcaComparison,
     TtcaSummary,
     compare_ttca,
-    group_queries,
     reference_router,
-    ttca_of,
 )
 from longroute.types import Language
 
@@ -163,84 +152,3 @@ def write_setting_csv(path: Path, ttca: TtcaMap) -> Path:
                     )
                 )
     return path
-
-
-# ---- figures ---------------------------------------------------------------
-
-
-def _curve(queries: Sequence[QueryTtca], max_attempts: int) -> tuple[list[float], list[float]]:
-    """(mean TTCA with cap k, success within k) for k = 1..R over ``queries``."""
-    xs, ys = [], []
-    for k in range(1, max_attempts + 1):
-        capped = [ttca_of(q.attempts, k) for q in queries]
-        xs.append(sum(c.ttca_s for c in capped) / len(capped))
-        ys.append(sum(not c.is_censored for c in capped) / len(capped))
-    return xs, ys
-
-
-def success_plot(
-    path: Path,
-    scenario: str,
-    ttca: TtcaMap,
-    records_by_router: Mapping[str, Sequence[RequestRecord]],
-) -> Path:
-    """The seed's Figure 3: one panel per length bucket, a TTCA-vs-success line per router."""
-    grouped: dict[str, dict[int, list[QueryTtca]]] = {}
-    for router, summary in ttca.items():
-        per_bucket: dict[int, list[QueryTtca]] = {}
-        for q in group_queries(records_by_router[router], summary.max_attempts):
-            per_bucket.setdefault(q.length_bucket_tokens, []).append(q)
-        grouped[router] = per_bucket
-    buckets = sorted({b for per in grouped.values() for b in per})
-    fig = new_figure(max(4.0 * len(buckets), 6.0), 4.2)
-    axes = fig.subplots(1, max(len(buckets), 1), squeeze=False)[0]
-    for ax, bucket in zip(axes, buckets, strict=False):
-        for router, per_bucket in grouped.items():
-            queries = per_bucket.get(bucket)
-            if queries:
-                xs, ys = _curve(queries, ttca[router].max_attempts)
-                ax.plot(xs, ys, marker="o", markersize=3, label=router)
-        ax.set_title(f"{bucket_label(bucket)} context")
-        ax.set_xlabel("mean TTCA of the first k attempts (s)")
-        ax.set_ylim(0.0, 1.02)
-        ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("success rate after k attempts")
-    axes[0].legend(loc="lower right", fontsize="small")
-    fig.suptitle(f"{scenario}: TTCA vs success rate, k = 1..R")
-    return save_png(fig, path)
-
-
-def improvement_plot(path: Path, scenario: str, ttca: TtcaMap) -> Path | None:
-    """The seed's Figure 4: one heat map per other router; None without a reference."""
-    found = comparisons(ttca)
-    if not found:
-        return None
-    settings = _settings(ttca)
-    edges = sorted({edge for edge, _ in settings})
-    languages = sorted({_language_name(lang) for _, lang in settings})
-    fig = new_figure(max(5.0 * len(found), 6.0), 1.2 + 0.6 * len(languages))
-    axes = fig.subplots(1, len(found), squeeze=False)[0]
-    image = None
-    for ax, c in zip(axes, found, strict=True):
-        grid = [[float("nan")] * len(edges) for _ in languages]
-        for r in c.by_setting:
-            if r.improvement is not None:
-                row = languages.index(_language_name(r.language))
-                grid[row][edges.index(r.length_bucket_tokens)] = r.improvement
-                ax.text(
-                    edges.index(r.length_bucket_tokens),
-                    row,
-                    f"{r.improvement * 100.0:.0f}%",
-                    ha="center",
-                    va="center",
-                    fontsize="small",
-                    color="white" if abs(r.improvement) > 0.6 else "black",  # legible on dark
-                )
-        image = ax.imshow(grid, cmap="RdYlGn", vmin=-1.0, vmax=1.0, aspect="auto")
-        ax.set_xticks(range(len(edges)), [bucket_label(e) for e in edges])
-        ax.set_yticks(range(len(languages)), languages)
-        ax.set_title(f"vs {c.other}")
-    if image is not None:
-        fig.colorbar(image, ax=list(axes), label=f"1 - TTCA({found[0].reference}) / TTCA(other)")
-    fig.suptitle(f"{scenario}: TTCA improvement of {found[0].reference}")
-    return save_png(fig, path)

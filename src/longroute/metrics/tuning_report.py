@@ -11,9 +11,13 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from longroute.metrics.plots import new_figure, save_png
+from longroute.metrics.plots import new_figure, plain_log_ticks, save_png
 from longroute.tuning import TunerStep
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def write_trajectory_csv(path: Path, trajectory: Sequence[TunerStep]) -> Path:
@@ -33,26 +37,40 @@ def write_trajectory_csv(path: Path, trajectory: Sequence[TunerStep]) -> Path:
     return path
 
 
+def trajectory_figure(title: str, objective: str, trajectory: Sequence[TunerStep]) -> Figure:
+    """Left: incumbent weights per step (log scale); right: the objective per step.
+
+    Legends sit under the panels, so they hide no candidate.
+    """
+    fig = new_figure(11.0, 4.6, dpi=110)
+    left, right = fig.subplots(1, 2)
+    steps = [s.step for s in trajectory]
+    for i, name in enumerate(sorted(trajectory[0].weights) if trajectory else []):
+        color = f"C{i}"
+        left.plot(steps, [s.incumbent[name] for s in trajectory], color=color, label=name)
+        left.scatter(
+            steps, [s.weights[name] for s in trajectory], s=6, alpha=0.35, color=color,
+            label=f"{name} candidates",
+        )  # fmt: skip
+    left.set_yscale("log")
+    plain_log_ticks(left, is_y=True)
+    left.set_xlabel("tuner step (one judging window each)")
+    left.set_ylabel("weight (log scale)")
+    left.set_title("weights: incumbent (line) and candidates tried (dots)")
+    right.scatter(steps, [s.fitness for s in trajectory], s=8, alpha=0.4, label="candidate")
+    right.plot(steps, [s.incumbent_fitness for s in trajectory], color="C3", label="incumbent")
+    right.set_xlabel("tuner step (one judging window each)")
+    right.set_ylabel(f"{objective} (s), lower is better")
+    right.set_title("objective per judging window")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
 def trajectory_plot(
     path: Path, title: str, objective: str, trajectory: Sequence[TunerStep]
 ) -> Path:
-    """Left: incumbent weights per step (log scale); right: the objective per step."""
-    fig = new_figure(11.0, 4.0, dpi=110)
-    left, right = fig.subplots(1, 2)
-    steps = [s.step for s in trajectory]
-    for name in sorted(trajectory[0].weights) if trajectory else []:
-        left.plot(steps, [s.incumbent[name] for s in trajectory], label=f"{name} (incumbent)")
-        left.scatter(steps, [s.weights[name] for s in trajectory], s=6, alpha=0.35)
-    left.set_yscale("log")
-    left.set_xlabel("tuner step (one judging window each)")
-    left.set_ylabel("weight")
-    left.legend(fontsize=8)
-    left.set_title("weights (dots: candidates tried)")
-    right.scatter(steps, [s.fitness for s in trajectory], s=8, alpha=0.4, label="candidate")
-    right.plot(steps, [s.incumbent_fitness for s in trajectory], color="C3", label="incumbent")
-    right.set_xlabel("tuner step")
-    right.set_ylabel(f"{objective} (s), lower is better")
-    right.legend(fontsize=8)
-    right.set_title("objective per judging window")
-    fig.suptitle(title)
-    return save_png(fig, path)
+    """Writes :func:`trajectory_figure` to ``path``."""
+    return save_png(trajectory_figure(title, objective, trajectory), path)
