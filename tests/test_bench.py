@@ -501,3 +501,42 @@ def test_the_deadline_cuts_think_time_short(fake: FakeServer) -> None:
     wall_s = time.perf_counter() - start
     assert _only(result).records  # first turns were answered
     assert wall_s < 5.0, f"ran {wall_s:.1f} s for a 1 s deadline (think times ~30 s)"
+
+
+# --- progress ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Heard:
+    """A BenchProgress that writes down what it hears."""
+
+    started: list[tuple[str, int | None]] = field(default_factory=list)
+    done: list[tuple[str, bool]] = field(default_factory=list)
+
+    def target_started(self, label: str, num_planned: int | None) -> None:
+        self.started.append((label, num_planned))
+
+    def request_done(self, label: str, is_failed: bool) -> None:
+        self.done.append((label, is_failed))
+
+
+def test_progress_hears_every_target_and_request(fake: FakeServer, fake_b: FakeServer) -> None:
+    fake.error_every = 3
+    heard = _Heard()
+    run_bench([Target(fake.url, "a"), Target(fake_b.url, "b")], _opts(max_tokens=2), heard)
+    assert heard.started == [("a", 12), ("b", 12)]
+    assert [label for label, _ in heard.done] == ["a"] * 12 + ["b"] * 12
+    assert sum(failed for _, failed in heard.done) == 4  # every third request to a
+
+
+def test_cli_json_keeps_stdout_clean_while_the_bar_draws(
+    fake: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("longroute.progress.stderr_is_terminal", lambda: True)  # draw it
+    fake.error_every = 4
+    args = ["--target", f"a={fake.url}", "--num-requests", "8", "--max-tokens", "2"]
+    result = _cli(*args, "--json", "--max-failed", "0.5")
+    assert result.exit_code == 0, result.output
+    (line,) = result.stdout.splitlines()
+    assert json.loads(line)["targets"]["a"]["num_errors"] == 2
+    assert "bench a" in result.stderr and "answered" in result.stderr

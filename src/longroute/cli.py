@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from longroute.errors import ConfigError
 from longroute.registry import RegistryError
@@ -179,15 +178,9 @@ def simulate(
             from longroute.tune_cli import frozen_preparer
 
             prepare = frozen_preparer(frozen, names)
-        progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} routers"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-            disable=not sys.stderr.isatty(),
-        )
+        from longroute.progress import progress_bar
+
+        progress = progress_bar("{task.completed}/{task.total} routers")
         with progress:
             task = progress.add_task(f"simulating {config.name}", total=len(names))
             run = run_scenario(

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from longroute.metrics.records import RunObserver
     from longroute.routing import Router
     from longroute.sim.scenario import PrepareRouter
-    from longroute.tuning import FrozenWeights
+    from longroute.sim.tune import TuneOptions, TuneRun
+    from longroute.tuning import FrozenWeights, TunerStep
 
 TABLE_WIDTH = 180
 _ERRORS = (ConfigError, RegistryError, ValueError, LookupError, TypeError)
@@ -80,13 +81,13 @@ def tune_command(
     """Tune a router's weights online on one window of a scenario, freeze them, write them."""
     from longroute.metrics.tuning_report import trajectory_plot, write_trajectory_csv
     from longroute.sim.scenario import load_scenario
-    from longroute.sim.tune import TuneOptions, tune_scenario
+    from longroute.sim.tune import TuneOptions
     from longroute.tuning import save_weights
 
     console = _console(json_output)
     options = TuneOptions(router, window, objective, window_requests, unbounded)
     try:
-        run = tune_scenario(load_scenario(scenario), options, seed=seed)
+        run = _tune_with_progress(load_scenario(scenario), options, seed)
     except _ERRORS as exc:
         raise _fail(str(exc)) from None
     try:
@@ -94,7 +95,10 @@ def tune_command(
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             write_trajectory_csv(out / "trajectory.csv", run.trajectory)
-            title = f"{run.frozen.router} tuned on {scenario}/{run.frozen.tuned_on['window']}"
+            title = (
+                f"router {run.frozen.router} tuned on scenario {run.frozen.tuned_on['scenario']}, "
+                f"window {run.frozen.tuned_on['window']}"
+            )
             trajectory_plot(out / "tuner.png", title, str(run.frozen.objective), run.trajectory)
     except OSError as exc:
         raise _fail(f"cannot write {exc.filename or output}: {exc.strerror or exc}") from None
@@ -119,6 +123,28 @@ def tune_command(
         f"{run.frozen.objective} of the incumbent {payload['final_fitness']:.3f} s"
     )
     console.print(f"frozen weights: {output}" + (f"; trajectory: {out}" if out else ""))
+
+
+def _tune_with_progress(config: ScenarioConfig, options: TuneOptions, seed: int | None) -> TuneRun:
+    """``tune_scenario`` with a progress bar (stderr, terminal only): the simulated time of
+    the tuning window and the tuner steps (judging windows) so far."""
+    from longroute.progress import progress_bar
+    from longroute.sim.tune import tune_scenario, tuning_duration_s
+
+    duration_s = tuning_duration_s(config, options)
+    span = "{task.completed:.0f}" + (" s" if duration_s is None else f"/{duration_s:.0f} s")
+    progress = progress_bar(span + " simulated, {task.fields[steps]} judging windows")
+    description = f"tuning on {config.name}"
+    with progress:
+        task = progress.add_task(description, total=duration_s, steps=0)
+
+        def on_step(step: TunerStep) -> None:
+            if duration_s is not None and step.now_s >= duration_s:  # started sessions finish
+                progress.update(task, description=f"{description} (draining)")
+            now_s = step.now_s if duration_s is None else min(step.now_s, duration_s)
+            progress.update(task, completed=now_s, steps=step.step + 1)
+
+        return tune_scenario(config, options, seed=seed, on_step=on_step)
 
 
 # ---- simulate with frozen weights / windows --------------------------------------
@@ -160,12 +186,26 @@ def simulate_windows(
         window_table,
         windows_json,
     )
-    from longroute.sim.windows import run_windows
+    from longroute.progress import progress_bar
+    from longroute.sim.windows import run_windows, windows_of
 
     console = _console(json_output)
+    names = [w.name for w in windows_of(config)]
+    progress = progress_bar("{task.completed}/{task.total} runs, window {task.fields[window]}")
     try:
         prepare = frozen_preparer(frozen, routers) if frozen is not None else None
-        runs = run_windows(config, seed=seed, routers=routers, prepare_router=prepare)
+        with progress:
+            total = len(names) * len(routers)
+            task = progress.add_task(f"simulating {config.name}", total=total, window=names[0])
+
+            def done(_window: str, _router: str) -> None:  # windows run one after another
+                progress.advance(task)
+                finished = int(progress.tasks[0].completed)
+                progress.update(task, window=names[min(finished // len(routers), len(names) - 1)])
+
+            runs = run_windows(
+                config, seed=seed, routers=routers, prepare_router=prepare, on_router_done=done
+            )
     except _ERRORS as exc:
         raise _fail(str(exc)) from None
     from longroute.run_warnings import warn_results

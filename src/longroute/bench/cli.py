@@ -155,6 +155,7 @@ def bench_command(
     session id in x-longroute-session.
     """
     from longroute.bench.options import BenchError, BenchOptions
+    from longroute.bench.progress import BenchBar
     from longroute.bench.report import (
         bench_json,
         failure_shares,
@@ -194,7 +195,8 @@ def bench_command(
             max_attempts=max_attempts,
             chars_per_token=chars_per_token,
         )
-        result = run_bench(targets, options)
+        with BenchBar(duration_s) as progress:  # stderr, and only on a terminal
+            result = run_bench(targets, options, progress)
     except (BenchError, ValueError) as exc:  # RegistryError and TraceError are ValueErrors
         raise _fail(str(exc)) from None
     err = Console(stderr=True, soft_wrap=True)

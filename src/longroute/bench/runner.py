@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import aiohttp
 
@@ -33,7 +34,28 @@ from longroute.workloads.types import Workload
 
 #: The longest wait for a target's ``GET /v1/models`` before the run starts.
 PROBE_TIMEOUT_S = 10.0
-__all__ = ["load_workload", "run_bench", "run_bench_async"]
+__all__ = ["BenchProgress", "load_workload", "run_bench", "run_bench_async"]
+
+
+class BenchProgress(Protocol):
+    """What a progress display hears of a run (``longroute bench`` draws a bar from it).
+
+    ``target_started`` once per target as its load begins, with the most requests it
+    will send when known (None with retries and no --num-requests); ``request_done``
+    once per request that got its answer or failed. Called on the event loop's thread.
+    """
+
+    def target_started(self, label: str, num_planned: int | None) -> None: ...
+
+    def request_done(self, label: str, is_failed: bool) -> None: ...
+
+
+def _num_planned(workload: Workload, options: BenchOptions) -> int | None:
+    """The most requests one target is sent, when known (retries add an unknown number)."""
+    turns = workload.num_requests if options.max_attempts == 1 else None
+    if options.num_requests is None:
+        return turns
+    return options.num_requests if turns is None else min(turns, options.num_requests)
 
 
 def _checked_queries(workload: Workload, options: BenchOptions) -> dict[str, KvQuery] | None:
@@ -79,7 +101,9 @@ async def _pick_model(client: ChatClient, target: Target, options: BenchOptions)
     return models[0]
 
 
-async def run_bench_async(targets: Sequence[str | Target], options: BenchOptions) -> BenchResult:
+async def run_bench_async(
+    targets: Sequence[str | Target], options: BenchOptions, progress: BenchProgress | None = None
+) -> BenchResult:
     """Run the workload against every target in order; see the module docstring.
 
     Raises :class:`BenchError` (a target unreachable or without a model),
@@ -101,7 +125,13 @@ async def run_bench_async(targets: Sequence[str | Target], options: BenchOptions
         models = {t.label: await _pick_model(clients[t.label], t, options) for t in resolved}
         results: dict[str, TargetResult] = {}
         for t in resolved:
-            run = TargetRun(clients[t.label], t, models[t.label], workload, options, queries)
+            on_done = None
+            if progress is not None:
+                progress.target_started(t.label, _num_planned(workload, options))
+                on_done = progress.request_done
+            run = TargetRun(
+                clients[t.label], t, models[t.label], workload, options, queries, on_done=on_done
+            )
             results[t.label] = await run.run()
     return BenchResult(workload.name, options.seed, results)
 
@@ -114,7 +144,9 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def run_bench(targets: Sequence[str | Target], options: BenchOptions) -> BenchResult:
+def run_bench(
+    targets: Sequence[str | Target], options: BenchOptions, progress: BenchProgress | None = None
+) -> BenchResult:
     """Blocking :func:`run_bench_async` on a fresh (uvloop) event loop; not inside a loop."""
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(run_bench_async(targets, options))
+        return runner.run(run_bench_async(targets, options, progress))

@@ -40,6 +40,8 @@ class TargetRun:
 
     ``queries`` (KV-lookup workloads only) maps each session to its question:
     its prompt is then the real one and its answers are checked and retried.
+    ``on_done(label, is_failed)``, if given, hears of every request that got its
+    answer or failed (for a progress bar).
     """
 
     def __init__(
@@ -50,8 +52,11 @@ class TargetRun:
         workload: Workload,
         opts: BenchOptions,
         queries: Mapping[str, KvQuery] | None = None,
+        *,
+        on_done: Callable[[str, bool], None] | None = None,
     ) -> None:
         self._client, self._target, self._model = client, target, model
+        self._on_done = on_done
         self._workload, self._opts, self._queries = workload, opts, queries
         self._clock: Callable[[], float] = time.perf_counter
         self._t0 = 0.0
@@ -223,7 +228,9 @@ class TargetRun:
             if attempt > 1 and outcome.status == EXHAUSTED_STATUS:
                 # the router says every model already answered wrongly: the user stops
                 self.num_exhausted += 1
+                self._report(is_failed=False)
                 return None
+            self._report(is_failed=True)
             self.errors.append(
                 RequestError(
                     request_id,
@@ -243,7 +250,12 @@ class TargetRun:
                 record, attempt=attempt, query_id=session.session_id, is_correct=is_correct
             )
         self.records.append(record)
+        self._report(is_failed=False)
         return outcome, record
+
+    def _report(self, *, is_failed: bool) -> None:
+        if self._on_done is not None:
+            self._on_done(self._target.label, is_failed)
 
     def _record(
         self, done: Completion, request_id: str, session: Session, index: int, sent_s: float

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from longroute.config import ConfigError, ScenarioConfig, TuningConfig
 from longroute.metrics.records import RunObserver
 from longroute.routing import Router
 from longroute.sim.simulator import SimResult
-from longroute.sim.windows import run_windows
+from longroute.sim.windows import run_windows, window_index, windows_of
 from longroute.tuning import (
     UNBOUNDED,
     FrozenWeights,
@@ -90,10 +90,24 @@ def _bounds(
     }
 
 
+def tuning_duration_s(config: ScenarioConfig, options: TuneOptions) -> float | None:
+    """Simulated seconds the tuning window starts sessions for (None: unbounded); the
+    tuner's steps carry the simulated time, so this is the length of a progress bar."""
+    window = windows_of(config)[window_index(config, tuning_of(config, options).window)]
+    return window.duration_s if window.duration_s is not None else config.clients.duration_s
+
+
 def tune_scenario(
-    config: ScenarioConfig, options: TuneOptions, *, seed: int | None = None
+    config: ScenarioConfig,
+    options: TuneOptions,
+    *,
+    seed: int | None = None,
+    on_step: Callable[[TunerStep], None] | None = None,
 ) -> TuneRun:
-    """Run the tuning window with the tuner live; freeze and return the incumbent weights."""
+    """Run the tuning window with the tuner live; freeze and return the incumbent weights.
+
+    ``on_step``, if given, is called with each tuner step as its judging window closes.
+    """
     seed = config.seed if seed is None else seed
     tuning = tuning_of(config, options)
     objective = get_objective(tuning.objective)
@@ -107,7 +121,9 @@ def tune_scenario(
         es = OnePlusOneES(
             initial, bounds, rng, sigma0=tuning.sigma0, reevaluate_every=tuning.reevaluate_every
         )
-        tuner = OnlineTuner(tunable, es, objective, window_requests=tuning.window_requests)
+        tuner = OnlineTuner(
+            tunable, es, objective, window_requests=tuning.window_requests, on_step=on_step
+        )
         made.append((tuner, bounds))
         return [tuner]
 

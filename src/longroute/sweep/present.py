@@ -14,14 +14,6 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 if TYPE_CHECKING:
     from longroute.sweep.cell import Cell, CellResult
@@ -48,6 +40,7 @@ def run_and_report(
     grid: Grid, executor: Executor, *, out: Path | None, json_output: bool, fresh: bool
 ) -> None:
     """Run the grid with a progress bar, then print and write the report; exits 1 on failures."""
+    from longroute.progress import progress_bar
     from longroute.sweep.cache import CellCache
     from longroute.sweep.report import analyse, dumps, sweep_payload
     from longroute.sweep.runner import run_grid
@@ -58,12 +51,9 @@ def run_and_report(
         console = Console(stderr=json_output, width=TABLE_WIDTH)
     cache = CellCache(out / "cells") if out is not None and not fresh else None
     err = Console(stderr=True, soft_wrap=True)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("cells, {task.fields[failed]} failed"), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(),
-        console=Console(stderr=True), transient=True, disable=not sys.stderr.isatty(),
-    )  # fmt: skip
+    progress = progress_bar(
+        "{task.completed}/{task.total} cells, {task.fields[failed]} failed", eta=True
+    )
     done = 0
     failures = 0
     with progress:

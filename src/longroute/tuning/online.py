@@ -11,6 +11,7 @@ record is complete.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from longroute.metrics.records import RequestRecord
@@ -51,7 +52,8 @@ class OnlineTuner:
     latencies; all tags are dropped when a window closes (late records of
     older generations are ignored anyway). ``on_dispatch`` and ``on_record``
     are O(1) except when a window closes (O(window log window) for the
-    percentiles).
+    percentiles). ``on_step``, if given, is called with each step as its window closes
+    (e.g. to show progress).
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class OnlineTuner:
         objective: Objective,
         *,
         window_requests: int = 64,
+        on_step: Callable[[TunerStep], None] | None = None,
     ) -> None:
         if window_requests < 1:
             raise ValueError(f"window_requests must be >= 1, got {window_requests}")
@@ -68,6 +71,7 @@ class OnlineTuner:
         self._es = es
         self._objective = objective
         self._window_requests = window_requests
+        self._on_step = on_step
         self._current = es.ask()
         self._router.set_weights(self._current)
         self._generation = 0
@@ -118,6 +122,8 @@ class OnlineTuner:
                 is_reevaluation=is_reevaluation,
             )
         )
+        if self._on_step is not None:
+            self._on_step(self._trajectory[-1])
         self._current = self._es.ask()
         self._router.set_weights(self._current)
         self._generation += 1
