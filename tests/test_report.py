@@ -10,8 +10,9 @@ import pytest
 from rich.console import Console
 
 from longroute.metrics.records import RequestRecord
-from longroute.metrics.report import CSV_COLUMNS, summary_json, summary_table, write_report
+from longroute.metrics.report import CSV_COLUMNS, summary_json, write_report
 from longroute.metrics.summary import SUMMARY_KEYS, summarize
+from longroute.metrics.summary_tables import summary_tables
 from longroute.types import SLO
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -57,9 +58,10 @@ def summaries_of(
     return {router: summarize(records) for router, records in by_router.items()}
 
 
-def render(table: object, *, styles: bool) -> str:
-    console = Console(record=True, width=200, force_terminal=styles, color_system="standard")
-    console.print(table)
+def render(tables: list[object], *, styles: bool) -> str:
+    console = Console(record=True, width=100, force_terminal=styles, color_system="standard")
+    for table in tables:
+        console.print(table)
     return console.export_text(styles=styles)
 
 
@@ -184,14 +186,15 @@ def test_write_report_rejects_mismatched_inputs(tmp_path: Path) -> None:
 
 def test_summary_table_formats_and_names_routers() -> None:
     summaries = summaries_of(records_by_router())
-    text = render(summary_table(summaries, title="chat: 2 routers"), styles=False)
+    text = render(summary_tables(summaries, title="chat: 2 routers"), styles=False)
     assert "chat: 2 routers" in text
     assert "round_robin" in text
     assert "prefix_aware" in text
-    # round_robin TTFTs 0.1..0.6 s -> p50 350.0 ms; cache hit 25%
-    assert "350.0 ms" in text
-    assert "25.0%" in text
-    assert "req/s" in text
+    # round_robin TTFTs 0.1..0.6 s -> p50 0.350 s (prefix_aware's 0.150 s sets 3 decimals)
+    assert " 0.350 " in text and " 0.150 " in text
+    assert " 25.0 " in text  # cache hit, in %
+    assert "(req/s)" in text and "(%)" in text and "(s)" in text
+    assert " ms " not in text and "%  " not in text  # units only in the headers
 
 
 def test_summary_table_highlights_best_per_column() -> None:
@@ -211,29 +214,29 @@ def test_summary_table_highlights_best_per_column() -> None:
         "cache_hit_ratio": 0.8,
         "load_concentration": 0.5,
     }
-    text = render(summary_table({"fast": fast, "slow": slow}, title="t"), styles=True)
-    assert f"{BOLD_GREEN}250.0 ms" in text  # lower TTFT wins
-    assert f"{BOLD_GREEN}2.50 s" not in text
-    assert f"{BOLD_GREEN}80.0%" in text  # higher cache hit wins
-    assert f"{BOLD_GREEN}20.0%" not in text
-    assert f"{BOLD_GREEN}50.0%" in text  # lower load concentration wins
-    assert f"{BOLD_GREEN}90.0%" not in text
+    text = render(summary_tables({"fast": fast, "slow": slow}, title="t"), styles=True)
+    assert f"{BOLD_GREEN}0.250" in text  # lower TTFT wins
+    assert f"{BOLD_GREEN}2.500" not in text
+    assert f"{BOLD_GREEN}80.0" in text  # higher cache hit wins
+    assert f"{BOLD_GREEN}20.0" not in text
+    assert f"{BOLD_GREEN}50.0" in text  # lower load concentration wins
+    assert f"{BOLD_GREEN}90.0" not in text
     # a column with a single value has nothing to compare: no highlight
-    assert f"{BOLD_GREEN}3.00 s" not in text
-    assert "3.00 s" in text
+    assert f"{BOLD_GREEN}3.00" not in text
+    assert "3.00" in text
     assert f"{BOLD_GREEN}10" not in text  # request count is not ranked
     assert "—" in text
 
 
 def test_summary_table_escapes_markup_in_router_names() -> None:
     summaries = {"[bold]r1": dict.fromkeys(SUMMARY_KEYS)}
-    text = render(summary_table(summaries, title="t"), styles=False)
+    text = render(summary_tables(summaries, title="t"), styles=False)
     assert "[bold]r1" in text
 
 
 def test_summary_table_missing_key_raises() -> None:
     with pytest.raises(ValueError, match="ttft_p50_s"):
-        summary_table({"r": {"num_requests": 1}}, title="t")
+        summary_tables({"r": {"num_requests": 1}}, title="t")
 
 
 def test_cdf_thinning_keeps_plots_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

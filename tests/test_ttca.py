@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.table import Table
 
 from longroute.metrics.records import RequestRecord
-from longroute.metrics.report import summary_json, summary_table, write_report
+from longroute.metrics.report import summary_json, write_report
 from longroute.metrics.summary import summarize, summarize_ttca
+from longroute.metrics.summary_tables import summary_tables
 from longroute.metrics.ttca import (
     Attempt,
     TtcaOutcome,
@@ -19,7 +21,8 @@ from longroute.metrics.ttca import (
     reference_router,
     ttca_of,
 )
-from longroute.metrics.ttca_report import comparison_json, setting_table
+from longroute.metrics.ttca_report import comparison_json
+from longroute.metrics.ttca_tables import setting_tables
 from longroute.types import Language
 
 R = 10
@@ -214,9 +217,10 @@ def test_summary_json_gains_ttca_objects_and_comparison() -> None:
     assert comparison_json(ttca) == payload["ttca_comparison"]
 
 
-def _render(table: object) -> str:
-    console = Console(width=250, record=True, color_system=None)
-    console.print(table)
+def _render(tables: list[Table]) -> str:
+    console = Console(width=100, record=True, color_system=None)
+    for table in tables:
+        console.print(table)
     return console.export_text()
 
 
@@ -224,12 +228,12 @@ def test_tables_show_ttca_columns_and_losses() -> None:
     records = _ttca_by_router()
     summaries = {r: summarize(recs) for r, recs in records.items()}
     ttca = {r: s for r, recs in records.items() if (s := summarize_ttca(recs, R)) is not None}
-    assert "mean TTCA" not in _render(summary_table(summaries, title="t"))
-    text = _render(summary_table(summaries, title="t", ttca=ttca))
+    assert "mean TTCA" not in _render(summary_tables(summaries, title="t"))
+    text = _render(summary_tables(summaries, title="t", ttca=ttca))
     assert "mean TTCA" in text and "final success" in text and "censored" in text
-    settings = _render(setting_table(ttca, title="s"))
-    assert "laar/least-load" in settings
-    assert "0.17" in settings  # 1 s / 6 s
+    settings = _render(setting_tables(ttca))
+    assert "laar /" in settings and "least-load" in settings
+    assert "0.17×" in settings  # 1 s / 6 s
 
 
 def test_write_report_adds_ttca_files(tmp_path: Path) -> None:

@@ -16,11 +16,6 @@ from longroute.registry import RegistryError
 if TYPE_CHECKING:
     from longroute.tuning import FrozenWeights
 
-TABLE_WIDTH = 180
-_TTCA_TABLE_TITLE = (
-    "TTCA per setting: mean TTCA (censored queries at their censored value) and final "
-    "success; ratio = TTCA(laar) / TTCA(other), red where > 1"
-)
 
 app = typer.Typer(
     add_completion=False,
@@ -63,11 +58,13 @@ def _print_list(console: Console) -> None:
     from longroute.sim.scenario import builtin_scenario_names
     from longroute.workloads.registry import WORKLOADS
 
-    console.print("[bold]scenarios:[/] " + ", ".join(builtin_scenario_names()))
-    console.print("[bold]routers:[/] " + ", ".join(ROUTERS.names()))
-    console.print("[bold]workloads:[/] " + ", ".join(WORKLOADS.names()))
-    console.print("[bold]model profiles:[/] " + ", ".join(model_profile_names()))
-    console.print("[bold]hardware profiles:[/] " + ", ".join(hardware_profile_names()))
+    console.print("[bold]scenarios:[/] " + ", ".join(builtin_scenario_names()), soft_wrap=True)
+    console.print("[bold]routers:[/] " + ", ".join(ROUTERS.names()), soft_wrap=True)
+    console.print("[bold]workloads:[/] " + ", ".join(WORKLOADS.names()), soft_wrap=True)
+    console.print("[bold]model profiles:[/] " + ", ".join(model_profile_names()), soft_wrap=True)
+    console.print(
+        "[bold]hardware profiles:[/] " + ", ".join(hardware_profile_names()), soft_wrap=True
+    )
 
 
 @app.command()
@@ -124,9 +121,9 @@ def simulate(
     ] = None,
 ) -> None:
     """Simulate a fleet under a workload, once per router, and compare them."""
-    console = Console(stderr=json_output)
-    if not console.is_terminal:
-        console = Console(stderr=json_output, width=TABLE_WIDTH)  # keep the table readable
+    from longroute.metrics.tables import result_console
+
+    console = result_console(stderr=json_output)
     if list_all:
         _print_list(console)
         return
@@ -140,9 +137,11 @@ def simulate(
         return
     if any(v is not None for v in (reference, metrics, jobs, ray)):
         raise _fail("--reference, --metrics, --jobs and --ray go with --seeds")
-    from longroute.metrics.report import summary_json, summary_table, write_report
+    from longroute.metrics.report import summary_json, write_report
     from longroute.metrics.summary import summarize
-    from longroute.metrics.ttca_report import setting_table
+    from longroute.metrics.summary_tables import summary_tables
+    from longroute.metrics.tables import print_tables
+    from longroute.metrics.ttca_tables import setting_tables
     from longroute.sim.scenario import load_scenario, resolve_routers, run_scenario
     from longroute.workloads.traces import TraceError
 
@@ -222,9 +221,8 @@ def simulate(
         if ttca:
             size = f"{run.workload.num_requests} queries, up to {run.max_attempts} attempts each"
         title = f"{name} (seed {run.seed}, {size})"
-        console.print(summary_table(summaries, title=title, ttca=ttca))
-        if ttca:
-            console.print(setting_table(ttca, title=_TTCA_TABLE_TITLE))
+        print_tables(console, summary_tables(summaries, title=escape(title), ttca=ttca))
+        print_tables(console, setting_tables(ttca) if ttca else [])
     if not no_report:  # on stderr under --json, so a script still learns where it went
         Console(stderr=True, soft_wrap=True).print(
             f"report: {folder} ({len(paths)} files)", highlight=False

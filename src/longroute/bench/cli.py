@@ -21,7 +21,6 @@ from longroute.workloads.kv_prompts import KV_CHARS_PER_TOKEN
 
 #: Closed-loop users when neither --concurrency nor --rate is given.
 DEFAULT_CONCURRENCY = 8
-TABLE_WIDTH = 180
 #: the share of failed requests above which `bench` exits 1 (--max-failed)
 DEFAULT_MAX_FAILED = 0.05
 EXIT_TOO_MANY_FAILED = 1
@@ -209,10 +208,9 @@ def bench_command(
     if json_output:
         sys.stdout.write(bench_json(result) + "\n")
     else:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=TABLE_WIDTH)
-        print_result(console, result)
+        from longroute.metrics.tables import result_console
+
+        print_result(result_console(), result)
     if out is not None:
         err.print(f"report: {out}", highlight=False)
     too_many = {k: v for k, v in failure_shares(result).items() if v > max_failed}

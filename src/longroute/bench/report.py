@@ -16,9 +16,22 @@ from rich.table import Table
 
 from longroute.bench.options import BenchResult, RequestError
 from longroute.bench.summary import RATIO_KEYS, compare_ratios
-from longroute.metrics.report import format_percent, format_seconds, summary_table, write_report
+from longroute.metrics.report import write_report
+from longroute.metrics.summary_tables import summary_tables
+from longroute.metrics.tables import (
+    format_column,
+    format_count,
+    format_percent,
+    format_ratio,
+    header,
+    name_column,
+    new_table,
+    number_column,
+    print_tables,
+)
 from longroute.metrics.ttca import TtcaSummary
-from longroute.metrics.ttca_report import comparison_json, setting_table
+from longroute.metrics.ttca_report import comparison_json
+from longroute.metrics.ttca_tables import setting_tables
 
 #: Failed requests listed per target in summary.json (all are counted).
 MAX_ERRORS_LISTED = 20
@@ -59,17 +72,16 @@ def bench_json(result: BenchResult) -> str:
     return json.dumps(bench_payload(result), sort_keys=True, allow_nan=False)
 
 
-def format_ratio(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}×"
-
-
 def ratio_table(result: BenchResult) -> Table:
     """Second target over first, for throughput and p50/p99 latencies (two targets only)."""
     first, second = list(result.targets)
     ratios = compare_ratios(result.summaries)
-    table = Table(title=f"{escape(second)} / {escape(first)}")
-    table.add_column("metric", style="bold")
-    table.add_column("ratio", justify="right")
+    table = new_table(
+        "the two targets' ratios",
+        caption=f"Below 1 on latency, above 1 on throughput: {escape(second)} is better.",
+    )
+    name_column(table, "metric", [name for _, name in RATIO_KEYS])
+    number_column(table, f"{escape(second)} /\n{escape(first)}")
     for key, name in RATIO_KEYS:
         table.add_row(name, format_ratio(ratios[key]))
     return table
@@ -109,29 +121,53 @@ def print_warnings(console: Console, result: BenchResult, *, duration_s: float |
             )
 
 
-def ttca_table(ttca: dict[str, TtcaSummary]) -> Table:
-    """Time to correct answer per target: TTCA mean/p50/p95, success after the first and
-    the last attempt, censored queries (no right answer within R), mean attempts."""
-    table = Table(title="time to correct answer (censored queries count at their censored TTCA)")
-    table.add_column("target", style="bold")
-    for header in ("queries", "TTCA mean", "TTCA p50", "TTCA p95", "success@1", "success@R"):
-        table.add_column(header, justify="right")
-    for header in ("censored", "mean attempts", "R"):
-        table.add_column(header, justify="right")
-    for label, s in ttca.items():
-        table.add_row(
-            escape(label),
-            str(s.num_queries),
-            format_seconds(s.mean_s),
-            format_seconds(s.p50_s),
-            format_seconds(s.p95_s),
-            format_percent(s.success_by_attempt[0]),
-            format_percent(s.final_success),
-            str(s.num_censored),
-            f"{s.mean_attempts:.2f}",
-            str(s.max_attempts),
-        )
+def _target_table(
+    title: str, caption: str, ttca: dict[str, TtcaSummary], columns: list[tuple[str, list[str]]]
+) -> Table:
+    table = new_table(title, caption=caption)
+    name_column(table, "target", ttca)
+    for name, _ in columns:
+        number_column(table, name)
+    cells = [[escape(label) for label in ttca], *(texts for _, texts in columns)]
+    for row in zip(*cells, strict=True):
+        table.add_row(*row)
     return table
+
+
+def ttca_tables(ttca: dict[str, TtcaSummary]) -> list[Table]:
+    """Time to correct answer per target (queries, TTCA mean/p50/p95, censored queries),
+    then success after the first and the last attempt, mean attempts and R."""
+    s = list(ttca.values())
+    times = [
+        ("queries", [format_count(x.num_queries) for x in s]),
+        *(
+            (header(f"TTCA {name}", "s"), format_column([getattr(x, f"{name}_s") for x in s]))
+            for name in ("mean", "p50", "p95")
+        ),
+        ("censored", [format_count(x.num_censored) for x in s]),
+    ]
+    answers = [
+        (header("success @1", "%"), [format_percent(x.success_by_attempt[0]) for x in s]),
+        (header("success @R", "%"), [format_percent(x.final_success) for x in s]),
+        (header("attempts", "mean"), format_column([x.mean_attempts for x in s])),
+        ("R", [format_count(x.max_attempts) for x in s]),
+    ]
+    return [
+        _target_table(
+            "time to correct answer (TTCA)",
+            "censored: queries with no correct answer within R attempts; "
+            "they count at their censored TTCA.",
+            ttca,
+            times,
+        ),
+        _target_table(
+            "success and attempts",
+            "success @k: queries with a correct answer within k attempts; "
+            "R: the most attempts per query.",
+            ttca,
+            answers,
+        ),
+    ]
 
 
 def print_result(console: Console, result: BenchResult) -> None:
@@ -141,13 +177,13 @@ def print_result(console: Console, result: BenchResult) -> None:
     num_requests = sum(len(r.records) + len(r.errors) for r in result.targets.values())
     model = f", model {first.model}" if first is not None else ""
     title = f"{result.workload} (seed {result.seed}, {num_requests} requests{model})"
-    console.print(summary_table(result.summaries, title=escape(title), row_header="target"))
+    tables = summary_tables(result.summaries, title=escape(title), row_header="target")
     if len(result.targets) == 2:
-        console.print(ratio_table(result))
+        tables.append(ratio_table(result))
     ttca = result.ttca
     if ttca:
-        console.print(ttca_table(ttca))
-        console.print(setting_table(ttca, title="mean TTCA and final success per setting"))
+        tables += [*ttca_tables(ttca), *setting_tables(ttca)]
+    print_tables(console, tables)
 
 
 def _error_dict(error: RequestError) -> dict[str, object]:

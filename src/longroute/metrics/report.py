@@ -4,21 +4,17 @@ Called once at the end of a simulator or load-generator run, with one summary
 (from ``longroute.metrics.summary.summarize``) and one record list per router.
 Router order is the caller's mapping order everywhere (table rows, CSV rows,
 legend entries), so equal inputs give byte-identical JSON and CSV output.
-Figures come from ``plots``.
+Figures come from ``plots``, the console tables from ``summary_tables``.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from operator import attrgetter
 from pathlib import Path
-from typing import Literal
-
-from rich.markup import escape
-from rich.table import Table
 
 from longroute.metrics.plots import endpoint_plot, latency_cdf_plot
 from longroute.metrics.records import RequestRecord
@@ -29,123 +25,8 @@ from longroute.types import SLO
 
 SummaryMap = Mapping[str, Mapping[str, float | int | None]]
 TtcaMap = Mapping[str, TtcaSummary]
-Better = Literal["lower", "higher"] | None
 
-MISSING = "—"
-BEST_STYLE = "bold green"
 _RESERVED_JSON_KEYS = frozenset({"scenario", "seed", "routers", "ttca_comparison"})
-
-
-def format_seconds(value: float | int | None) -> str:
-    """Durations below one second in ms (1 decimal), longer ones in s (2 decimals)."""
-    if value is None:
-        return MISSING
-    if abs(value) < 1.0:
-        return f"{value * 1000.0:.1f} ms"
-    return f"{value:.2f} s"
-
-
-def format_percent(value: float | int | None) -> str:
-    """A ratio in [0, 1] as a percentage with one decimal."""
-    return MISSING if value is None else f"{value * 100.0:.1f}%"
-
-
-def format_rate(value: float | int | None) -> str:
-    return MISSING if value is None else f"{value:.2f} req/s"
-
-
-def format_count(value: float | int | None) -> str:
-    return MISSING if value is None else f"{int(value)}"
-
-
-# (header, summary key, formatter, which direction is better)
-_COLUMNS: tuple[tuple[str, str, Callable[[float | int | None], str], Better], ...] = (
-    ("requests", "num_requests", format_count, None),
-    ("TTFT p50", "ttft_p50_s", format_seconds, "lower"),
-    ("TTFT p95", "ttft_p95_s", format_seconds, "lower"),
-    ("TTFT p99", "ttft_p99_s", format_seconds, "lower"),
-    ("TPOT p50", "tpot_p50_s", format_seconds, "lower"),
-    ("E2E p50", "e2e_p50_s", format_seconds, "lower"),
-    ("E2E p95", "e2e_p95_s", format_seconds, "lower"),
-    ("E2E p99", "e2e_p99_s", format_seconds, "lower"),
-    ("throughput", "throughput_req_per_s", format_rate, "higher"),
-    ("cache hit", "cache_hit_ratio", format_percent, "higher"),
-    ("SLO", "slo_attainment", format_percent, "higher"),
-    ("load conc.", "load_concentration", format_percent, "lower"),
-)
-
-
-def _column_value(summaries: SummaryMap, router: str, key: str) -> float | int | None:
-    summary = summaries[router]
-    if key not in summary:
-        raise ValueError(f"summary of router {router!r} has no key {key!r}")
-    return summary[key]
-
-
-def _best(values: Sequence[float | int | None], better: Better) -> float | int | None:
-    """Best value of a column; None if fewer than two routers have a value to compare."""
-    present = [v for v in values if v is not None]
-    if better is None or len(present) < 2:
-        return None
-    return min(present) if better == "lower" else max(present)
-
-
-# TTCA columns, shown only when answers were checked
-_TTCA_COLUMNS: tuple[tuple[str, str, Callable[[float | int | None], str], Better], ...] = (
-    ("mean TTCA", "mean_s", format_seconds, "lower"),
-    ("final success", "final_success", format_percent, "higher"),
-    ("censored", "num_censored", format_count, "lower"),
-)
-
-
-def _ttca_value(ttca: TtcaMap, router: str, key: str) -> float | int | None:
-    summary = ttca.get(router)
-    if summary is None:
-        return None
-    value: float | int = getattr(summary, key)
-    return value
-
-
-def summary_table(
-    summaries: SummaryMap,
-    *,
-    title: str,
-    row_header: str = "router",
-    ttca: TtcaMap | None = None,
-) -> Table:
-    """One row per router; the best value of each comparable column in bold green.
-
-    Latencies and load concentration: lower is better; throughput, cache hit
-    ratio and SLO attainment: higher is better. Ties are all highlighted; a
-    column with fewer than two values highlights nothing. Missing data is "—".
-    With ``ttca`` (non-empty), three more columns: mean TTCA, final success
-    rate and censored queries.
-    """
-    table = Table(title=title)
-    table.add_column(row_header, style="bold")
-    columns = [(h, fmt, b) for h, _, fmt, b in _COLUMNS]
-    if ttca:
-        columns += [(h, fmt, b) for h, _, fmt, b in _TTCA_COLUMNS]
-    for header, _, _ in columns:
-        table.add_column(header, justify="right")
-    routers = list(summaries)
-    cells: dict[str, list[str]] = {router: [escape(router)] for router in routers}
-    value_rows = [
-        [_column_value(summaries, router, key) for router in routers] for _, key, _, _ in _COLUMNS
-    ]
-    if ttca:
-        value_rows += [
-            [_ttca_value(ttca, router, key) for router in routers] for _, key, _, _ in _TTCA_COLUMNS
-        ]
-    for (_, fmt, better), values in zip(columns, value_rows, strict=True):
-        best = _best(values, better)
-        for router, value in zip(routers, values, strict=True):
-            text = fmt(value)
-            is_best = best is not None and value == best
-            cells[router].append(f"[{BEST_STYLE}]{text}[/]" if is_best else text)
-    for router in routers:
-        table.add_row(*cells[router])
-    return table
 
 
 def summary_json(

@@ -1,4 +1,4 @@
-"""TTCA parts of a report: comparisons, the per-setting table and the CSV.
+"""TTCA parts of a report: comparisons and the per-setting CSV.
 
 Called once at the end of a run whose records carry correctness (retrying
 clients), by ``metrics.report`` and the ``simulate`` command. The reference
@@ -7,7 +7,7 @@ TTCA(reference) / TTCA(other) (below 1: the reference is faster to a
 correct answer), improvements 1 - ratio (the seed's Figure 4).
 
 The two figures (``ttca_success.png``, ``ttca_improvement.png``) are drawn by
-``ttca_plots``.
+``ttca_plots``, the console tables by ``ttca_tables``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
-from longroute.features.length import bucket_label
 from longroute.metrics.ttca import (
     TtcaComparison,
     TtcaSummary,
@@ -30,8 +26,6 @@ from longroute.metrics.ttca import (
 from longroute.types import Language
 
 TtcaMap = Mapping[str, TtcaSummary]
-MISSING = "—"
-LOSS_STYLE = "bold red"
 
 
 def comparisons(ttca: TtcaMap) -> list[TtcaComparison]:
@@ -63,56 +57,6 @@ def _settings(ttca: TtcaMap) -> list[tuple[int, Language | None]]:
                 s.language,
             )
     return [seen[key] for key in sorted(seen)]
-
-
-def _ratio_text(ratio: float | None) -> str:
-    if ratio is None:
-        return MISSING
-    text = f"{ratio:.2f}"
-    return f"[{LOSS_STYLE}]{text}[/]" if ratio > 1.0 else text
-
-
-def setting_table(ttca: TtcaMap, *, title: str) -> Table:
-    """Per (length, language): each router's mean TTCA and final success, and the ratios.
-
-    Ratio columns are TTCA(reference) / TTCA(other); ratios above 1 (the
-    reference loses) are in bold red. A last row gives the overall figures.
-    """
-    found = comparisons(ttca)
-    table = Table(title=title)
-    table.add_column("length", justify="right")
-    table.add_column("language")
-    for router in ttca:
-        table.add_column(f"{escape(router)} TTCA", justify="right")
-        table.add_column("success", justify="right")
-    for c in found:
-        table.add_column(f"{escape(c.reference)}/{escape(c.other)}", justify="right")
-    for edge, language in _settings(ttca):
-        row = [bucket_label(edge), _language_name(language)]
-        for summary in ttca.values():
-            s = summary.setting(edge, language)
-            row += [MISSING, MISSING] if s is None else _pair(s.mean_ttca_s, s.success_rate)
-        for c in found:
-            r = next(
-                (
-                    x
-                    for x in c.by_setting
-                    if (x.length_bucket_tokens, x.language) == (edge, language)
-                ),
-                None,
-            )
-            row.append(_ratio_text(None if r is None else r.ratio))
-        table.add_row(*row)
-    total = ["all", ""]
-    for summary in ttca.values():
-        total += _pair(summary.mean_s, summary.final_success)
-    total += [_ratio_text(c.mean_ttca_ratio) for c in found]
-    table.add_row(*total, style="bold")
-    return table
-
-
-def _pair(ttca_s: float, success: float) -> list[str]:
-    return [f"{ttca_s:.2f} s", f"{success * 100.0:.1f}%"]
 
 
 def write_setting_csv(path: Path, ttca: TtcaMap) -> Path:
