@@ -18,13 +18,9 @@ from longroute.config import ConfigError, WindowConfig, parse_scenario
 from longroute.context import Reference
 from longroute.metrics.records import RequestRecord
 from longroute.metrics.summary import SUMMARY_KEYS, summarize
-from longroute.metrics.window_report import (
-    WindowSummary,
-    comparison_table,
-    format_tokens,
-    vs_baseline,
-    window_table,
-)
+from longroute.metrics.tables import format_tokens
+from longroute.metrics.window_report import WindowSummary, vs_baseline
+from longroute.metrics.window_tables import comparison_tables, window_tables
 from longroute.registry import RegistryError
 from longroute.sim.scenario import build_workload, load_scenario
 from longroute.sim.windows import run_windows, window_scenario, window_seed
@@ -302,19 +298,23 @@ def test_comparison_table_sets_each_window_against_its_baseline() -> None:
         "pc": {"cache_hit_ratio": pytest.approx(4.0), "num_prefill_tokens_computed": 0.75,
                "ttft_p50_s": 0.5, "ttft_p95_s": 0.5}
     }  # fmt: skip
-    console = Console(record=True, width=200)
-    table = comparison_table([off, on], title="t")
-    assert table is not None
-    console.print(table)
-    text = console.export_text()
-    assert "10.0% → 40.0% (4.00x)" in text and "2M → 1.5M (0.75x)" in text
-    assert "1.00 s → 500.0 ms (0.50x)" in text and "vs off" in text
-    assert comparison_table([off], title="t") is None
+    console = Console(record=True, width=100)
+    tables = comparison_tables([off, on])
+    assert len(tables) == 1
+    console.print(tables[0])
+    lines = console.export_text().splitlines()
+    assert "window on against its baseline off" in lines[0]
+    rows = [" ".join(line.replace("│", " ").split()) for line in lines]
+    assert "pc baseline 10.0 2M 1.000 2.00" in rows
+    assert "window 40.0 1.5M 0.500 1.00" in rows
+    assert "ratio 4.00× 0.75× 0.50× 0.50×" in rows
+    assert comparison_tables([off]) == []
     with pytest.raises(ValueError, match="baseline 'off' is not among the windows"):
-        comparison_table([on], title="t")
+        comparison_tables([on])
     assert format_tokens(1234) == "1.23k" and format_tokens(12) == "12"
-    console.print(window_table([off, on], title="w", reference="pc", is_tuned=False))
-    assert "on (x1)" in console.export_text()
+    for table in window_tables([off, on], reference="pc", is_tuned=False):
+        console.print(table)
+    assert "window on: load ×1, 10 requests" in console.export_text()
 
 
 def test_cli_prints_the_comparison_and_json_has_the_new_key(tmp_path: Path) -> None:
@@ -323,7 +323,8 @@ def test_cli_prints_the_comparison_and_json_has_the_new_key(tmp_path: Path) -> N
     runner = CliRunner()
     shown = runner.invoke(app, ["simulate", "--scenario", str(path), "--no-report"])
     assert shown.exit_code == 0, shown.output
-    assert "each window against its baseline" in shown.output and "vs off" in shown.output
+    assert "each window against its baseline window" in shown.output
+    assert "window on against its baseline off" in shown.output
     printed = runner.invoke(app, ["simulate", "--scenario", str(path), "--no-report", "--json"])
     assert printed.exit_code == 0, printed.output
     payload = json.loads(printed.stdout)

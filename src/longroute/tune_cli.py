@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from longroute.errors import ConfigError
 from longroute.registry import RegistryError
@@ -31,13 +32,10 @@ if TYPE_CHECKING:
     from longroute.sim.tune import TuneOptions, TuneRun
     from longroute.tuning import FrozenWeights, TunerStep
 
-TABLE_WIDTH = 180
 _ERRORS = (ConfigError, RegistryError, ValueError, LookupError, TypeError)
 
 
 def _fail(message: str) -> typer.Exit:
-    from rich.markup import escape
-
     Console(stderr=True, soft_wrap=True).print(
         f"[bold red]error:[/] {escape(message)}", highlight=False
     )
@@ -45,10 +43,9 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _console(json_output: bool) -> Console:
-    console = Console(stderr=json_output)
-    if not console.is_terminal:
-        console = Console(stderr=json_output, width=TABLE_WIDTH)
-    return console
+    from longroute.metrics.tables import result_console
+
+    return result_console(stderr=json_output)
 
 
 def tune_command(
@@ -180,12 +177,9 @@ def simulate_windows(
     """Every window x router; Table 1 on the console (or JSON), a report folder per window."""
     from longroute.metrics.report import write_report
     from longroute.metrics.summary import summarize
-    from longroute.metrics.window_report import (
-        WindowSummary,
-        comparison_table,
-        window_table,
-        windows_json,
-    )
+    from longroute.metrics.tables import print_tables
+    from longroute.metrics.window_report import WindowSummary, windows_json
+    from longroute.metrics.window_tables import comparison_tables, window_tables
     from longroute.progress import progress_bar
     from longroute.sim.windows import run_windows, windows_of
 
@@ -242,12 +236,27 @@ def simulate_windows(
         text = windows_json(config.name, seed_used, windows, reference=reference, weights=weights)
         sys.stdout.write(text + "\n")
         return
-    how = f"{frozen.router} weights {frozen.weights} (frozen)" if frozen else "default weights"
-    title = f"{config.name} (seed {seed_used}; {how}); latencies in s, best per window in green"
-    is_tuned = config.tuning is not None
-    console.print(window_table(windows, title=title, reference=reference, is_tuned=is_tuned))
-    compared = comparison_table(windows, title=f"{config.name}: each window against its baseline")
-    if compared is not None:
-        console.print(compared)
+    console.print(
+        f"[bold]{escape(config.name)}[/] (seed {seed_used}): {_weights_line(config, frozen)}"
+    )
+    is_tuned = config.tuning is not None and frozen is not None
+    print_tables(console, window_tables(windows, reference=reference, is_tuned=is_tuned))
+    compared = comparison_tables(windows)
+    if compared:
+        console.print()
+        console.print(f"[bold]{escape(config.name)}[/]: each window against its baseline window")
+    print_tables(console, compared)
     if out is not None:
         console.print(f"report: {out} (one folder per window)")
+
+
+def _weights_line(config: ScenarioConfig, frozen: FrozenWeights | None) -> str:
+    """Which weights the tuned router ran with, for the line above the window tables."""
+    if frozen is not None:
+        weights = ", ".join(f"{k} {v:.3g}" for k, v in frozen.weights.items())
+        where = frozen.tuned_on.get("window")
+        tuned = f", tuned on window {where}" if where is not None else ""
+        return escape(f"{frozen.router} with frozen weights {weights}{tuned}")
+    if config.tuning is None:
+        return "no router tuned"
+    return escape(f"{config.tuning.router} untuned (its configured weights; see `longroute tune`)")

@@ -8,27 +8,19 @@ baseline``, so a ratio above 1 is a loss and shows as one.
 
 A window with a ``baseline`` window (the same draw with one workload knob
 changed, e.g. context reuse on against off) is also set against it, router by
-router, in ``comparison_table``: ``ratio = window / baseline``.
+router (``vs_baseline``): ``ratio = window / baseline``. The console tables
+come from ``window_tables``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rich.markup import escape
-from rich.table import Table
+from longroute.metrics.report import SummaryMap
 
-from longroute.metrics.report import (
-    BEST_STYLE,
-    MISSING,
-    SummaryMap,
-    format_percent,
-    format_seconds,
-)
-
-# (header, summary key, scale, format) — the paper's Table 1 plus load concentration
+# (header, summary key) of the latency columns of the paper's Table 1 (all in seconds)
 WINDOW_COLUMNS: tuple[tuple[str, str], ...] = (
     ("TTFT p50", "ttft_p50_s"),
     ("TTFT p95", "ttft_p95_s"),
@@ -76,53 +68,6 @@ def compare_to_best(summaries: SummaryMap, reference: str) -> dict[str, dict[str
     return out
 
 
-def window_table(
-    windows: Sequence[WindowSummary], *, title: str, reference: str, is_tuned: bool = True
-) -> Table:
-    """Rows per window and router; best value per column and window in bold green.
-
-    After each window's routers, a row ``<reference> / best`` gives the ratios.
-    ``is_tuned=False`` (a scenario without tuning) drops the in-sample/held-out tag.
-    """
-    table = Table(title=title)
-    table.add_column("window", style="bold")
-    table.add_column("router", style="bold")
-    for header, _ in WINDOW_COLUMNS:
-        table.add_column(header, justify="right")
-    table.add_column("load conc.", justify="right")
-    table.add_column("cache hit", justify="right")
-    for w in windows:
-        tag = ("in-sample" if w.is_tuning_window else "held-out") if is_tuned else ""
-        label = f"{w.name} (x{w.load_scale:g}{', ' + tag if tag else ''})"
-        best = {
-            key: min((float(v) for s in w.summaries.values() if (v := s.get(key)) is not None),
-                     default=None)
-            for _, key in WINDOW_COLUMNS
-        }  # fmt: skip
-        for i, (router, summary) in enumerate(w.summaries.items()):
-            cells = [escape(label) if i == 0 else "", escape(router)]
-            for _, key in WINDOW_COLUMNS:
-                value = summary.get(key)
-                text = format_seconds(value)
-                is_best = value is not None and best[key] is not None and float(value) == best[key]
-                cells.append(f"[{BEST_STYLE}]{text}[/]" if is_best else text)
-            cells.append(format_percent(summary.get("load_concentration")))
-            cells.append(format_percent(summary.get("cache_hit_ratio")))
-            table.add_row(*cells)
-        comparison = compare_to_best(w.summaries, reference)
-        if comparison:
-            cells = ["", f"{escape(reference)} / best"]
-            for _, key in WINDOW_COLUMNS:
-                ratio = comparison.get(key, {}).get("ratio")
-                if isinstance(ratio, float):
-                    style = "red" if ratio > 1 else "green"
-                    cells.append(f"[{style}]{ratio:.2f}x[/]")
-                else:
-                    cells.append("—")
-            table.add_row(*cells, "", "", end_section=True)
-    return table
-
-
 def windows_payload(
     scenario: str,
     seed: int,
@@ -164,22 +109,12 @@ def windows_json(
     return json.dumps(payload, sort_keys=True, allow_nan=False)
 
 
-def format_tokens(value: float | int | None) -> str:
-    """A token count with a k/M suffix (3 significant digits)."""
-    if value is None:
-        return MISSING
-    for scale, suffix in ((1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{suffix}"
-    return f"{int(value)}"
-
-
-# (header, summary key, formatter, True if higher is better) of the comparison table
-COMPARISON_COLUMNS: tuple[tuple[str, str, Callable[[float | int | None], str], bool], ...] = (
-    ("cache hit", "cache_hit_ratio", format_percent, True),
-    ("prefill computed", "num_prefill_tokens_computed", format_tokens, False),
-    ("TTFT p50", "ttft_p50_s", format_seconds, False),
-    ("TTFT p95", "ttft_p95_s", format_seconds, False),
+# (summary key, True if higher is better) of each window against its baseline
+COMPARISON_KEYS: tuple[tuple[str, bool], ...] = (
+    ("cache_hit_ratio", True),
+    ("num_prefill_tokens_computed", False),
+    ("ttft_p50_s", False),
+    ("ttft_p95_s", False),
 )
 
 
@@ -193,7 +128,7 @@ def vs_baseline(
         if base is None:
             continue
         ratios: dict[str, float | None] = {}
-        for _, key, _, _ in COMPARISON_COLUMNS:
+        for key, _ in COMPARISON_KEYS:
             mine, theirs = summary.get(key), base.get(key)
             if mine is None or theirs is None or theirs <= 0:
                 ratios[key] = None
@@ -201,40 +136,3 @@ def vs_baseline(
                 ratios[key] = float(mine) / float(theirs)
         out[router] = ratios
     return out
-
-
-def comparison_table(windows: Sequence[WindowSummary], *, title: str) -> Table | None:
-    """Each window with a baseline against it, per router: ``baseline → window (ratio)``.
-
-    None when no window names a baseline. A ratio that is an improvement
-    (higher cache hit; less prefill; lower TTFT) is green, a loss red. Raises
-    ``ValueError`` naming a baseline that is not among ``windows``.
-    """
-    by_name = {w.name: w for w in windows}
-    compared = [w for w in windows if w.baseline is not None]
-    if not compared:
-        return None
-    table = Table(title=title)
-    table.add_column("window", style="bold")
-    table.add_column("router", style="bold")
-    for header, _, _, _ in COMPARISON_COLUMNS:
-        table.add_column(header, justify="right")
-    for w in compared:
-        base = by_name.get(str(w.baseline))
-        if base is None:
-            raise ValueError(f"window {w.name!r}: baseline {w.baseline!r} is not among the windows")
-        ratios = vs_baseline(w, base)
-        for i, (router, by_key) in enumerate(ratios.items()):
-            cells = [escape(f"{w.name}\nvs {base.name}") if i == 0 else "", escape(router)]
-            for _, key, fmt, is_higher_better in COMPARISON_COLUMNS:
-                text = (
-                    f"{fmt(base.summaries[router].get(key))} → {fmt(w.summaries[router].get(key))}"
-                )
-                ratio = by_key[key]
-                if ratio is not None:
-                    is_better = ratio > 1 if is_higher_better else ratio < 1
-                    style = "green" if is_better else ("red" if ratio != 1 else "")
-                    text += f" ([{style}]{ratio:.2f}x[/])" if style else f" ({ratio:.2f}x)"
-                cells.append(text)
-            table.add_row(*cells, end_section=i == len(ratios) - 1)
-    return table
