@@ -64,6 +64,7 @@ def demo_command(
 ) -> None:
     """Start an emulated 3-region fleet twice (baseline and router), bench both, stop all."""
     from longroute.bench import BenchError
+    from longroute.bench.progress import BenchBar
     from longroute.bench.report import print_result, print_warnings
     from longroute.config import ConfigError
     from longroute.demo.run import DIRECT, DemoOptions, demo_payload, run_demo
@@ -76,7 +77,8 @@ def demo_command(
     err = Console(stderr=True, soft_wrap=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        result = run_demo(options, lambda message: err.print(message, highlight=False))
+        with BenchBar(None) as bench_bar:  # the benchmark's bar: stderr, terminal only
+            result = run_demo(options, lambda line: err.print(line, highlight=False), bench_bar)
     except KeyboardInterrupt:
         err.print("interrupted; every process the demo started was stopped")
         raise typer.Exit(code=EXIT_INTERRUPTED) from None

@@ -17,10 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from longroute.bench import BenchOptions, BenchResult, bench_payload, run_bench
 from longroute.demo.fleet import DEFAULT_REPLICAS, Fleet, FleetPlan, start_fleets
 from longroute.launcher import Launcher
+
+if TYPE_CHECKING:
+    from longroute.bench.runner import BenchProgress
 
 DIRECT = "direct"
 #: Multi-turn sessions over a few thousand tokens of context: later turns extend
@@ -128,8 +132,15 @@ def _process_infos(fleets: tuple[Fleet, ...]) -> tuple[ProcessInfo, ...]:
     return tuple(infos)
 
 
-def run_demo(options: DemoOptions, progress: Progress | None = None) -> DemoResult:
+def run_demo(
+    options: DemoOptions,
+    progress: Progress | None = None,
+    bench_progress: BenchProgress | None = None,
+) -> DemoResult:
     """Start both fleets, bench baseline then router, stop everything; blocks.
+
+    ``progress`` hears a line per phase; ``bench_progress`` every request of the
+    benchmark (see :class:`~longroute.bench.runner.BenchProgress`).
 
     Raises ``LaunchError`` (a process did not start; its log tail is in the
     message), ``BenchError`` and ``ConfigError``. Whatever ends the run
@@ -147,7 +158,7 @@ def run_demo(options: DemoOptions, progress: Progress | None = None) -> DemoResu
             f"benchmarking {options.baseline_label} then {options.router}: "
             f"{options.num_requests} requests each, {options.concurrency} users ..."
         )
-        result = run_bench(targets, bench_options(options))
+        result = run_bench(targets, bench_options(options), bench_progress)
         say(f"stopping {len(launcher.children)} processes ...")
     return DemoResult(options, result, _process_infos(fleets))
 
