@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from longroute.sweep.report import ArmStats, Setting
     from longroute.sweep.runner import SweepRun
 
-TABLE_WIDTH = 100
 EXIT_FAILED_CELLS = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -40,15 +39,14 @@ def run_and_report(
     grid: Grid, executor: Executor, *, out: Path | None, json_output: bool, fresh: bool
 ) -> None:
     """Run the grid with a progress bar, then print and write the report; exits 1 on failures."""
+    from longroute.metrics.tables import print_tables, result_console
     from longroute.progress import progress_bar
     from longroute.sweep.cache import CellCache
     from longroute.sweep.report import analyse, dumps, sweep_payload
     from longroute.sweep.runner import run_grid
     from longroute.sweep.tables import sweep_tables
 
-    console = Console(stderr=json_output)
-    if not console.is_terminal:
-        console = Console(stderr=json_output, width=TABLE_WIDTH)
+    console = result_console(stderr=json_output)
     cache = CellCache(out / "cells") if out is not None and not fresh else None
     err = Console(stderr=True, soft_wrap=True)
     progress = progress_bar(
@@ -89,8 +87,7 @@ def run_and_report(
             f"[bold]{escape(grid.spec.name)}[/]: {len(run.results)} cells "
             f"({run.num_computed} run on {run.executor}, {run.num_cached} cached), seeds {seeds}"
         )
-        for table in sweep_tables(run, stats):
-            console.print(table)
+        print_tables(console, sweep_tables(run, stats))
         if paths:
             console.print(f"report: {out} ({', '.join(p.name for p in paths)})")
     if run.num_failed:
