@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-TABLE_WIDTH = 180
 EXIT_INTERRUPTED = 130
 
 
@@ -37,12 +36,17 @@ def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
 
 def _fleet_table(speed: float) -> Table:
     from longroute.demo.fleet import DEFAULT_PROFILE, DEFAULT_REPLICAS
+    from longroute.metrics.tables import header, name_column, new_table, number_column
 
-    table = Table(title=f"fleet of each target: {DEFAULT_PROFILE} emulated at {speed:g}x")
-    for header in ("replica", "hardware", "region", "added RTT (emulated)"):
-        table.add_column(header, justify="left" if header != "added RTT (emulated)" else "right")
+    table = new_table(f"fleet of each target: {DEFAULT_PROFILE} emulated at {speed:g}×")
+    name_column(table, "replica", [r.name for r in DEFAULT_REPLICAS])
+    table.add_column("hardware")
+    table.add_column("region")
+    number_column(table, header("added RTT", "ms, emulated"))
     for r in DEFAULT_REPLICAS:
-        table.add_row(r.name, r.hardware, r.region, f"{r.network_delay_ms:g} ms")
+        table.add_row(
+            escape(r.name), escape(r.hardware), escape(r.region), f"{r.network_delay_ms:g}"
+        )
     return table
 
 
@@ -90,10 +94,10 @@ def demo_command(
     if json_output:
         sys.stdout.write(json.dumps(demo_payload(result), sort_keys=True, allow_nan=False) + "\n")
         return
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=TABLE_WIDTH)
-    console.print(_fleet_table(options.speed))
+    from longroute.metrics.tables import print_tables, result_console
+
+    console = result_console()
+    print_tables(console, [_fleet_table(options.speed)])
     print_result(console, result.bench)
     same = "workload and seed" if options.baseline == DIRECT else "fleet, workload and seed"
     console.print(
