@@ -38,7 +38,8 @@ def _field_paths(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str
 def _sections(markdown: str) -> dict[str, str]:
     """The text of each ``###`` section under the reference, by its heading."""
     parts = re.split(r"^### (.+)$", markdown, flags=re.MULTILINE)
-    return {heading.strip("` []"): body for heading, body in zip(parts[1::2], parts[2::2])}
+    pairs = zip(parts[1::2], parts[2::2], strict=True)
+    return {heading.strip("` []"): body for heading, body in pairs}
 
 
 def test_every_scenario_key_is_documented_in_its_section() -> None:
