@@ -18,10 +18,11 @@ from longroute.metrics.summary_tables import summary_tables
 from longroute.metrics.tables import TABLE_WIDTH, format_column, format_number, header
 from longroute.metrics.ttca import SettingTtca, TtcaSummary
 from longroute.metrics.ttca_tables import setting_tables
+from longroute.metrics.tuning_report import tuning_summary, tuning_table
 from longroute.metrics.window_report import WindowSummary
 from longroute.metrics.window_tables import comparison_tables, window_tables
 from longroute.tune_cli import _weights_line
-from longroute.tuning import FrozenWeights
+from longroute.tuning import FrozenWeights, TunerStep
 from longroute.types import Language
 from sweep_helpers import write_tiny
 
@@ -92,10 +93,18 @@ def test_simulate_tables_fit_100_columns_with_units_in_the_headers() -> None:
     assert " 250.83 " in text and " 1.67 " in text and " 10.8 " in text  # TPOT in ms
 
 
-def test_simulate_tables_stay_legible_at_80_columns() -> None:
+def test_tables_stay_legible_at_80_columns() -> None:
     summaries = {router: summary(i) for i, router in enumerate(ROUTERS)}
-    text = render(summary_tables(summaries, title="t"), width=80)
-    assert_readable(text, width=80)
+    windows = [_window("full", 1.0), _window("multi-session-contextpilot", 0.3333, "full")]
+    names = ("laar", "load-aware", "session-affinity", "least-load")
+    ttca = {name: ttca_summary(1.0 + i) for i, name in enumerate(names)}
+    tables = [
+        *summary_tables(summaries, title="t"),
+        *window_tables(windows, reference="gorgo"),
+        *comparison_tables(windows),
+        *setting_tables(ttca),
+    ]
+    assert_readable(render(tables, width=80), (*ROUTERS, *names), width=80)
 
 
 def test_ttca_tables_fit_and_name_each_router() -> None:
@@ -146,6 +155,24 @@ def test_weights_line_says_untuned_and_rounds_frozen_weights() -> None:
     line = _weights_line(config, frozen)
     assert "rtt_weight 0.0123, queue_weight 0.106, tuned on window full" in line
     assert "0.1064739" not in line and "{" not in line
+
+
+def test_tuning_table_rounds_the_weights_and_names_the_objective() -> None:
+    start = {"rtt_weight": 1.0, "queue_weight": 1.0}
+    tuned = {"rtt_weight": 0.18271234, "queue_weight": 0.10647390347240392}
+    trajectory = [
+        TunerStep(0, 10.0, start, 2.5, 0.3, True, start, 2.5),
+        TunerStep(1, 20.0, tuned, 0.53, 0.3, True, tuned, 0.53),
+    ]
+    on = {"scenario": "gorgo", "window": "full", "num_requests": 20467, "window_requests": 64}
+    frozen = FrozenWeights("gorgo", tuned, objective="ttft-p95", tuned_on=on)
+    text = render([tuning_table(frozen, trajectory)])
+    assert_readable(text, ("rtt_weight", "queue_weight", "ttft-p95 (s)"))
+    rows = [" ".join(line.replace("│", " ").split()) for line in text.splitlines()]
+    assert "queue_weight 1.00 0.106" in rows and "ttft-p95 (s) 2.50 0.530" in rows
+    assert "0.1064739" not in text
+    line = tuning_summary(frozen, trajectory)
+    assert line.startswith("gorgo tuned on gorgo/full: 20467 requests, 2 judging windows of 64")
 
 
 def test_bench_and_demo_tables_fit() -> None:

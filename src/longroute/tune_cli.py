@@ -76,7 +76,13 @@ def tune_command(
     ] = False,
 ) -> None:
     """Tune a router's weights online on one window of a scenario, freeze them, write them."""
-    from longroute.metrics.tuning_report import trajectory_plot, write_trajectory_csv
+    from longroute.metrics.tables import print_tables
+    from longroute.metrics.tuning_report import (
+        trajectory_plot,
+        tuning_summary,
+        tuning_table,
+        write_trajectory_csv,
+    )
     from longroute.sim.scenario import load_scenario
     from longroute.sim.tune import TuneOptions
     from longroute.tuning import save_weights
@@ -112,13 +118,8 @@ def tune_command(
     if json_output:
         sys.stdout.write(json.dumps(payload, sort_keys=True, allow_nan=False) + "\n")
         return
-    weights = ", ".join(f"{k} {v:.4g}" for k, v in run.frozen.weights.items())
-    console.print(
-        f"tuned {run.frozen.router} on window {run.frozen.tuned_on['window']!r} "
-        f"({len(run.result.records)} requests, {len(run.trajectory)} judging windows of "
-        f"{run.frozen.tuned_on['window_requests']}, {accepted} candidates accepted): {weights}; "
-        f"{run.frozen.objective} of the incumbent {payload['final_fitness']:.3f} s"
-    )
+    console.print(tuning_summary(run.frozen, run.trajectory))
+    print_tables(console, [tuning_table(run.frozen, run.trajectory)])
     console.print(f"frozen weights: {output}" + (f"; trajectory: {out}" if out else ""))
 
 

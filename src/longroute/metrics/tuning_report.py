@@ -1,4 +1,5 @@
-"""The tuner's trajectory as a CSV and a figure (the GORGO paper's Figure 4).
+"""The tuner's trajectory as a CSV and a figure (the GORGO paper's Figure 4), and its
+outcome as a console table.
 
 Called once after ``longroute tune``: one row per judged window (step 0 is
 the starting point), the weights tried, the objective they scored, whether
@@ -13,8 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
+from rich.table import Table
+
 from longroute.metrics.plots import new_figure, plain_log_ticks, save_png
-from longroute.tuning import TunerStep
+from longroute.metrics.tables import format_number, name_column, new_table, number_column
+from longroute.tuning import FrozenWeights, TunerStep
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -74,3 +79,37 @@ def trajectory_plot(
 ) -> Path:
     """Writes :func:`trajectory_figure` to ``path``."""
     return save_png(trajectory_figure(title, objective, trajectory), path)
+
+
+def tuning_summary(frozen: FrozenWeights, trajectory: Sequence[TunerStep]) -> str:
+    """The line above ``tuning_table``: what was tuned, on how much, how many were accepted."""
+    on = frozen.tuned_on
+    accepted = sum(s.is_accepted for s in trajectory[1:])
+    return escape(
+        f"{frozen.router} tuned on {on.get('scenario', '?')}/{on.get('window', '?')}: "
+        f"{on.get('num_requests', '?')} requests, {len(trajectory)} judging windows of "
+        f"{on.get('window_requests', '?')} requests, {accepted} candidates accepted; "
+        f"{frozen.objective} is scored on a judging window, lower is better"
+    )
+
+
+def tuning_table(frozen: FrozenWeights, trajectory: Sequence[TunerStep]) -> Table:
+    """Each weight and the objective at the start (step 0) and as frozen, in 100 columns.
+
+    The objective is the tuner's: the incumbent's score on its judging window.
+    """
+    start = trajectory[0]
+    table = new_table("weights and objective")
+    objective = escape(f"{frozen.objective} (s)")
+    name_column(table, "", [*frozen.weights, objective])
+    number_column(table, "start")
+    number_column(table, "tuned")
+    for name, value in frozen.weights.items():
+        table.add_row(escape(name), format_number(start.weights.get(name)), format_number(value))
+    table.add_section()
+    table.add_row(
+        objective,
+        format_number(start.incumbent_fitness),
+        format_number(trajectory[-1].incumbent_fitness),
+    )
+    return table
