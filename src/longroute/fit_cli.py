@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from longroute.features.length import DEFAULT_BUCKET_EDGES_TOKENS, bucket_label, check_bucket_edges
 
@@ -80,22 +79,39 @@ def capability_command(
         save_capability(capability, out)
     except OSError as exc:
         raise _fail(f"{out}: cannot write the capability file: {exc.strerror or exc}") from None
-    console = Console()
+    from longroute.metrics.tables import (
+        header,
+        name_column,
+        new_table,
+        number_column,
+        print_tables,
+        result_console,
+    )
+
+    console = result_console()
     rows = calibration(capability, outcomes)
     for model in capability.models:
-        table = Table(title=f"{model}: fitted Q vs observed")
-        for name in ("language", "bucket", "outcomes", "observed", "fitted Q"):
-            table.add_column(name, justify="left" if name == "language" else "right")
-        for r in rows:
-            if r.model == model:
-                table.add_row(
-                    r.language.value if r.language is not None else "(none)",
-                    bucket_label(r.bucket_edge_tokens),
-                    str(r.num_outcomes),
-                    f"{r.observed_rate:.3f}",
-                    f"{r.fitted_probability:.3f}",
-                )
-        console.print(table)
+        mine = [r for r in rows if r.model == model]
+        table = new_table(
+            escape(f"{model}: fitted Q vs observed"),
+            caption="Q: the fitted probability of a correct answer; observed: the share correct.",
+        )
+        languages = [r.language.value if r.language is not None else "(none)" for r in mine]
+        name_column(table, "language", languages)
+        name_column(
+            table, header("length", "tokens"), [bucket_label(r.bucket_edge_tokens) for r in mine]
+        )
+        for name, unit in (("outcomes", None), ("observed", "0-1"), ("fitted Q", "0-1")):
+            number_column(table, header(name, unit))
+        for language, r in zip(languages, mine, strict=True):
+            table.add_row(
+                language,
+                bucket_label(r.bucket_edge_tokens),
+                str(r.num_outcomes),
+                f"{r.observed_rate:.3f}",
+                f"{r.fitted_probability:.3f}",
+            )
+        print_tables(console, [table])
     console.print(
         f"wrote {out} ({len(capability.models)} models, {len(outcomes)} outcomes, "
         f"{'with' if interactions else 'without'} language x bucket interactions, C={c:g})",
