@@ -5,15 +5,17 @@ all decoding sequences (one token each; they always fit, since an engine's
 token budget is at least its seat count, and a time-budget packer learns
 their cost from it), then ``grant(seq, num_wanted_tokens)`` for each
 prefilling and then each waiting sequence: how many of the wanted tokens fit
-(0 = the batch is full). The token-budget
-packer is vLLM's/Sarathi's rule; Medha's time-budget packer (binary search of
-the chunk by the runtime predictor) plugs in here later.
+(0 = none this iteration), optionally told the sequence's relative slack. The
+token-budget packer is vLLM's/Sarathi's rule; Medha's time-budget packer
+(``sim/time_budget.py``, "time-budget") bisects the chunk over the runtime
+predictor, which longroute passes to every packer as ``predictor``.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from longroute.estimators.runtime import RuntimePredictor
 from longroute.registry import Registry
 from longroute.sim.sequence import Sequence
 
@@ -23,10 +25,12 @@ class BatchPacker(Protocol):
 
     def grant_decodes(self, num_decodes: int, context_tokens: int) -> None: ...
 
-    def grant(self, seq: Sequence, num_wanted_tokens: int) -> int: ...
+    def grant(
+        self, seq: Sequence, num_wanted_tokens: int, *, relative_slack: float | None = None
+    ) -> int: ...
 
 
-BATCH_PACKERS: Registry[BatchPacker] = Registry("batch packer")
+BATCH_PACKERS: Registry[BatchPacker] = Registry("batch packer", code_params=("predictor",))
 
 
 @BATCH_PACKERS.register("token-budget")
@@ -35,7 +39,9 @@ class TokenBudgetPacker:
 
     __slots__ = ("_left", "max_num_batched_tokens")
 
-    def __init__(self, max_num_batched_tokens: int = 8192) -> None:
+    def __init__(
+        self, max_num_batched_tokens: int = 8192, *, predictor: RuntimePredictor | None = None
+    ) -> None:  # the predictor is unused: every packer is built with one
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -47,7 +53,12 @@ class TokenBudgetPacker:
     def grant_decodes(self, num_decodes: int, context_tokens: int) -> None:
         self._left -= num_decodes
 
-    def grant(self, seq: Sequence, num_wanted_tokens: int) -> int:
+    def grant(
+        self, seq: Sequence, num_wanted_tokens: int, *, relative_slack: float | None = None
+    ) -> int:
         n = num_wanted_tokens if num_wanted_tokens < self._left else self._left
         self._left -= n
         return n
+
+
+from longroute.sim import time_budget as _time_budget  # noqa: E402, F401  (registers "time-budget")
