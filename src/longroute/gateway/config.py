@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from longroute.config import ConfigError, read_yaml, validate_mapping
+from longroute.queueing import QUEUE_POLICIES
+from longroute.registry import RegistryError
 from longroute.routing.fleet_view import AUTO_MODEL
 
 KIB_BYTES = 1024
@@ -91,10 +93,25 @@ class AdmissionConfig(_Model):
         "is the request's fault, never counted against a backend's health.",
     )
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 429.")
-    queue_policy: str = Field("fcfs", description="Registered queue policy of the gateway queue.")
+    queue_policy: str = Field(
+        "fcfs",
+        description="Queue policy of the gateway queue: fcfs, or edf (by TTFT deadline); "
+        "lrs and lars need a remaining-prefill-time table, which only the simulator has.",
+    )
     default_max_tokens: int = Field(
         256, ge=1, description="Expected output tokens when a request gives no max_tokens."
     )
+
+    @field_validator("queue_policy")
+    @classmethod
+    def _queue_policy_runs_here(cls, name: str) -> str:
+        """The gateway builds its queues by name alone: refuse, at load, a policy that
+        cannot be built that way (unknown, or needing a prefill-time table)."""
+        try:
+            QUEUE_POLICIES.build(name)
+        except RegistryError as exc:
+            raise ValueError(str(exc)) from None
+        return name
 
 
 class HttpConfig(_Model):

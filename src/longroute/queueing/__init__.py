@@ -1,6 +1,8 @@
-"""Queue policies (FCFS now; EDF, LRS, LARS and aging STJF come later)."""
+"""Queue policies: FCFS, and Medha's slack-aware EDF, LRS and LARS (aging STJF later)."""
 
 from longroute.queueing import fcfs as _fcfs  # noqa: F401  (registers "fcfs")
+from longroute.queueing import slack as _slack  # noqa: F401  (registers "edf", "lrs", "lars")
 from longroute.queueing.base import QUEUE_POLICIES, QueuePolicy
+from longroute.queueing.slack import RemainingWork
 
-__all__ = ["QUEUE_POLICIES", "QueuePolicy"]
+__all__ = ["QUEUE_POLICIES", "QueuePolicy", "RemainingWork"]

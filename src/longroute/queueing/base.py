@@ -3,7 +3,13 @@
 A policy holds *items* (the engine's sequence objects; they expose at least
 ``request`` and ``arrival_s``) and is asked at each scheduling point for the
 head. Priorities may depend on ``now_s`` (slack shrinks with time), so a
-policy may re-evaluate them on every ``peek``.
+policy may re-evaluate them on every ``peek``. ``priority`` ranks any item,
+queued or not, by the same rule: the engine re-orders its prefills in progress
+by it every iteration and evicts the highest under KV pressure.
+
+Policies are built with ``QUEUE_POLICIES.build(name, params, remaining_work=...)``:
+``remaining_work`` (a remaining-prefill-time table) is passed by code, never by
+config; policies that do not use it accept and ignore it.
 
 Called by: the engine scheduler, once per iteration while it admits work.
 """
@@ -16,6 +22,11 @@ from longroute.registry import Registry
 
 
 class QueuePolicy(Protocol):
+    @property
+    def is_preemptive(self) -> bool:
+        """Re-order prefills in progress by ``priority`` every iteration (slack policies)."""
+        ...
+
     def push(self, item: Any, now_s: float) -> None:
         """A new item arrived."""
         ...
@@ -38,5 +49,13 @@ class QueuePolicy(Protocol):
 
     def __len__(self) -> int: ...
 
+    def priority(self, item: Any, now_s: float) -> float:
+        """Rank of ``item`` at ``now_s`` (queued or not): lower is served first."""
+        ...
 
-QUEUE_POLICIES: Registry[QueuePolicy] = Registry("queue policy")
+    def relative_slack(self, item: Any, now_s: float) -> float | None:
+        """Medha's rho = slack / whole prefill time, or None when the policy has none."""
+        ...
+
+
+QUEUE_POLICIES: Registry[QueuePolicy] = Registry("queue policy", code_params=("remaining_work",))

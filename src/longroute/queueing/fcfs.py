@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longroute.queueing.base import QUEUE_POLICIES
+
+if TYPE_CHECKING:
+    from longroute.queueing.slack import RemainingWork
 
 
 @QUEUE_POLICIES.register("fcfs")
@@ -14,7 +17,10 @@ class FCFSQueue:
 
     __slots__ = ("_items",)
 
-    def __init__(self) -> None:
+    is_preemptive = False
+
+    def __init__(self, remaining_work: RemainingWork | None = None) -> None:
+        """``remaining_work`` is accepted (longroute passes it to every policy) and unused."""
         self._items: deque[Any] = deque()
 
     def push(self, item: Any, now_s: float) -> None:
@@ -39,3 +45,11 @@ class FCFSQueue:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def priority(self, item: Any, now_s: float) -> float:
+        """Arrival time: earlier first."""
+        return float(item.arrival_s)
+
+    def relative_slack(self, item: Any, now_s: float) -> float | None:
+        """FCFS has no notion of slack."""
+        return None
