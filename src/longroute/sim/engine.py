@@ -9,7 +9,9 @@ max_num_seqs``, so decodes always fit — the same outcome.) KV memory is
 counted in tokens: shared prefix-cache blocks plus private allocations
 rounded up to the KV block size. When a sequence cannot grow, the most
 recently admitted one is preempted (recompute, vLLM's default) and returns
-to the queue front; its cached prefix blocks usually survive.
+to the queue front; its cached prefix blocks usually survive. With a slack
+queue policy (EDF, LRS, LARS) prefills are instead re-ordered by the policy
+every iteration, chunk by chunk (Medha's preemption, :mod:`longroute.sim.preemptive`).
 
 Speed, without losing iteration-level fidelity:
 
@@ -33,6 +35,7 @@ from longroute.sim.batching import BatchPacker
 from longroute.sim.decode_group import DecodeGroup
 from longroute.sim.events import EventLoop
 from longroute.sim.kv_memory import KvMemory
+from longroute.sim.preemptive import schedule_preemptive
 from longroute.sim.sequence import Sequence
 from longroute.types import Endpoint, Request
 
@@ -69,6 +72,8 @@ class EngineModel:
         self.listener = listener
         self.queue = queue
         self.packer = packer
+        # a slack policy (EDF, LRS, LARS) re-orders prefills in progress every iteration
+        self._is_preemptive = bool(getattr(queue, "is_preemptive", False))
         self.kv = KvMemory(
             predictor.kv_capacity_tokens(endpoint.gpu_memory_utilization),
             endpoint.block_size_tokens,
@@ -137,11 +142,15 @@ class EngineModel:
 
     # ---- scheduling ----------------------------------------------------
     def _preempt_newest(self) -> Sequence:
-        if self.prefilling:
-            victim = self.prefilling.pop()
-        else:
-            victim = self.decoding.newest()
+        victim = self.prefilling[-1] if self.prefilling else self.decoding.newest()
+        return self._preempt(victim)
+
+    def _preempt(self, victim: Sequence) -> Sequence:
+        """Evict ``victim`` for KV memory: it is recomputed later (vLLM's default)."""
+        if victim in self.decoding.members:
             self.decoding.remove(victim)
+        else:
+            self.prefilling.remove(victim)
         self.kv.release(victim)
         victim.target_tokens = victim.num_prompt_tokens + victim.num_generated
         victim.num_computed_tokens = 0
@@ -177,12 +186,13 @@ class EngineModel:
             i += 1
         return plan, is_preempted
 
-    def _admit(self, seq: Sequence) -> int:
+    def _admit(self, seq: Sequence, relative_slack: float | None = None) -> int:
         """Try to start ``seq``: prefix match, grant, reserve. Returns tokens (0 = no)."""
         kv = self.kv
         num_hit = kv.match_and_pin(seq)
         seq.num_computed_tokens = num_hit * kv.cache.block_size_tokens
-        n = self.packer.grant(seq, seq.target_tokens - seq.num_computed_tokens)
+        wanted = seq.target_tokens - seq.num_computed_tokens
+        n = self.packer.grant(seq, wanted, relative_slack=relative_slack)
         if n and kv.reserve(seq, n):
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -194,10 +204,12 @@ class EngineModel:
     def _step(self, now_s: float) -> None:
         """Form and launch the next iteration (or go idle)."""
         self.packer.begin(now_s)
-        plan, is_preempted = self._schedule_running()
-        num_admitted = 0
+        if self._is_preemptive:
+            plan, is_preempted = schedule_preemptive(self, now_s)
+        else:
+            plan, is_preempted = self._schedule_running()
         queue = self.queue
-        if not is_preempted:
+        if not is_preempted and not self._is_preemptive:
             while self.num_running < self.max_num_seqs:
                 head = queue.peek(now_s)
                 if head is None:
@@ -208,7 +220,6 @@ class EngineModel:
                 queue.pop(now_s)
                 self.prefilling.append(head)
                 plan.append((head, n))
-                num_admitted += 1
         num_decodes = len(self.decoding)
         if not plan and not num_decodes:
             self._is_busy = False
