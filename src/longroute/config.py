@@ -219,8 +219,18 @@ class ScenarioConfig(_Model):
     router_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-router parameters by router name."
     )
-    queue_policy: str = Field("fcfs", description="Engine queue policy.")
-    batch_packer: str = Field("token-budget", description="Engine batch packer.")
+    queue_policy: str = Field(
+        "fcfs", description="Engine queue policy: fcfs, edf, lrs or lars (Medha's)."
+    )
+    queue_policy_params: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters of the queue policy."
+    )
+    batch_packer: str = Field(
+        "token-budget", description="Engine batch packer: token-budget or time-budget (Medha's)."
+    )
+    batch_packer_params: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters of the batch packer (e.g. t_target_s)."
+    )
     is_prefix_caching: bool = Field(True, description="Engines cache prompt prefixes.")
     scrape_interval_s: float | None = Field(
         1.0, gt=0, description="How often the router sees engine stats (None = never)."

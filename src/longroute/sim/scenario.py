@@ -243,6 +243,8 @@ def run_scenario(
         config.is_prefix_caching,
         config.scrape_interval_s,
         config.prefix_index_capacity_blocks,
+        queue_params=config.queue_policy_params,
+        packer_params=config.batch_packer_params,
     )
     correctness = _correctness(config, seed, endpoints, workload)
     capability = None

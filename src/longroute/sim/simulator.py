@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from longroute.estimators.rtt import RttEwma
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RequestRecord, RunObserver
-from longroute.queueing.base import QUEUE_POLICIES
 from longroute.routing.base import Router
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView, NoCandidateError
-from longroute.sim.batching import BATCH_PACKERS
 from longroute.sim.clients import (
     ClientSpec,
     CorrectnessSpec,
@@ -35,6 +34,7 @@ from longroute.sim.clients import (
     retry_request,
 )
 from longroute.sim.engine import EngineModel
+from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
 from longroute.sim.network import Network
 from longroute.sim.sequence import Sequence as EngineSeq
@@ -52,6 +52,8 @@ class EngineOptions:
     scrape_interval_s: float | None = 1.0
     prefix_index_capacity_blocks: int = 1_000_000
     is_fast_forward: bool = True
+    queue_params: Mapping[str, Any] = field(default_factory=dict)
+    packer_params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,16 +139,19 @@ class Simulation:
             is_prefix_index_enabled=bool(getattr(router, "needs_prefix_index", True)),
         )
         self.engines: dict[str, EngineModel] = {}
+        o = self.options
+        policies = PolicyBuilder(
+            EnginePolicies(o.queue_policy, o.batch_packer, o.queue_params, o.packer_params)
+        )
         for e in endpoints:
+            predictor = predictors[e.name]
             self.engines[e.name] = EngineModel(
                 e,
-                predictors[e.name],
+                predictor,
                 self.loop,
                 self,
-                queue=QUEUE_POLICIES.build(self.options.queue_policy),
-                packer=BATCH_PACKERS.build(
-                    self.options.batch_packer, max_num_batched_tokens=e.max_num_batched_tokens
-                ),
+                queue=policies.queue(e, predictor),
+                packer=policies.packer(e, predictor),
                 prefix_block_tokens=workload.block_size_tokens,
                 is_prefix_caching=self.options.is_prefix_caching,
                 is_fast_forward=self.options.is_fast_forward,
