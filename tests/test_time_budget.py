@@ -12,7 +12,11 @@ from longroute.estimators.runtime import RuntimePredictor, causal_attention_pair
 from longroute.registry import RegistryError
 from longroute.sim.batching import BATCH_PACKERS
 from longroute.sim.sequence import Sequence
-from longroute.sim.time_budget import DEFAULT_MIN_CHUNK_TOKENS, TimeBudgetPacker
+from longroute.sim.time_budget import (
+    DEFAULT_LONG_PREFILL_TOKENS,
+    DEFAULT_MIN_CHUNK_TOKENS,
+    TimeBudgetPacker,
+)
 from longroute.types import Request
 
 K = 1024
@@ -155,6 +159,18 @@ def test_relative_slack_yields_budget(rho: float | None, share: float) -> None:
     assert packer.predicted_time_s <= T_TARGET_S
 
 
+def test_a_short_prefill_does_not_yield_so_it_can_use_the_long_ones_gift() -> None:
+    """Only long prefills yield (§4.3): a new short request has a large rho, and if it
+    yielded too it could not use the budget the long one left it."""
+    packer = _packer()
+    packer.begin(0.0)
+    long = _seq(1000 * K, 64 * K)
+    packer.grant(long, _wanted(long), relative_slack=1.0)  # yields 40%
+    assert packer.predicted_time_s <= T_TARGET_S * 0.6
+    short = _seq(200)
+    assert packer.grant(short, 200, relative_slack=30.0) > 0  # fills the rest
+
+
 def test_nan_slack_is_an_error() -> None:
     packer = _packer()
     packer.begin(0.0)
@@ -233,7 +249,8 @@ def test_never_over_budget_except_by_the_minimum_chunk() -> None:
                 _time_with(packer, batch, decodes), rel=1e-12
             )
             if not _is_floor(batch, n, seq):
-                share = min(0.4, max(0.0, rho or 0.0))
+                is_long = seq.target_tokens >= DEFAULT_LONG_PREFILL_TOKENS
+                share = min(0.4, max(0.0, rho or 0.0)) if is_long else 0.0
                 assert packer.predicted_time_s <= T_TARGET_S * (1.0 - share)
         if packer.predicted_time_s > T_TARGET_S:  # decodes alone, or they plus one floor chunk
             num_over += 1
