@@ -60,6 +60,16 @@ def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> N
             "generator: short-chatt",
             "workload.generator: unknown workload 'short-chatt' (did you mean 'short-chat'?)",
         ),
+        (
+            "name: tiny",
+            "name: tiny\nqueue_policy: larss",
+            "queue_policy: unknown queue policy 'larss' (did you mean 'lars'?)",
+        ),
+        (
+            "name: tiny",
+            "name: tiny\nbatch_packer: time-budgets",
+            "batch_packer: unknown batch packer 'time-budgets' (did you mean 'time-budget'?)",
+        ),
     ],
 )
 def test_unknown_names_in_a_scenario_name_the_file_and_field(

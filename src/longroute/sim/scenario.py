@@ -64,8 +64,11 @@ def load_scenario(name_or_path: str) -> ScenarioConfig:
 
 
 def check_names(config: ScenarioConfig, source: str) -> ScenarioConfig:
-    """Fail on an unknown model, hardware or workload name, naming the file and the field."""
+    """Fail on an unknown model, hardware, workload, queue policy or batch packer name,
+    naming the file and the field."""
     from longroute.estimators.profiles import hardware_profile_names, model_profile_names
+    from longroute.queueing import QUEUE_POLICIES
+    from longroute.sim.batching import BATCH_PACKERS
 
     checks: list[tuple[str, str, Sequence[str], str]] = []
     for i, group in enumerate(config.fleet):
@@ -76,6 +79,8 @@ def check_names(config: ScenarioConfig, source: str) -> ScenarioConfig:
     if config.workload.generator is not None:
         name = config.workload.generator
         checks.append(("workload.generator", name, WORKLOADS.names(), "workload"))
+    checks.append(("queue_policy", config.queue_policy, QUEUE_POLICIES.names(), "queue policy"))
+    checks.append(("batch_packer", config.batch_packer, BATCH_PACKERS.names(), "batch packer"))
     for field, name, valid, what in checks:
         if name not in valid:
             raise ConfigError(
