@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 
+from longroute.estimators.prefill_table import largest_fitting
 from longroute.estimators.runtime import RuntimePredictor, causal_attention_pairs
 from longroute.sim.batching import BATCH_PACKERS
 from longroute.sim.sequence import Sequence
@@ -158,13 +159,7 @@ class TimeBudgetPacker:
         self._num_decodes += num_decodes
         self._decode_context_tokens += context_tokens
         self._tokens_left -= num_decodes
-        self._t_pred_s = self._predict(
-            self._prefill_tokens,
-            self._pairs,
-            self._prefill_context_tokens,
-            self._num_decodes,
-            self._decode_context_tokens,
-        )
+        self._t_pred_s = self._batch_time_s()
 
     def grant(
         self, seq: Sequence, num_wanted_tokens: int, *, relative_slack: float | None = None
@@ -197,16 +192,19 @@ class TimeBudgetPacker:
         self._pairs += causal_attention_pairs(n, context)
         self._prefill_context_tokens += context
         self._tokens_left -= n
-        self._t_pred_s = self._predict(
+        self._t_pred_s = self._batch_time_s()
+        self._has_prefill = True
+        self._has_long = self._has_long or is_long
+        return n
+
+    def _batch_time_s(self) -> float:
+        return self._predict(
             self._prefill_tokens,
             self._pairs,
             self._prefill_context_tokens,
             self._num_decodes,
             self._decode_context_tokens,
         )
-        self._has_prefill = True
-        self._has_long = self._has_long or is_long
-        return n
 
     # ---- introspection ------------------------------------------------------
     @property
@@ -250,11 +248,4 @@ class TimeBudgetPacker:
             return hi
         if not fits(1):
             return 0
-        lo = 1  # invariant: lo fits, hi does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_fitting(fits, 1, hi)
