@@ -1,7 +1,8 @@
 """An engine's queue policy and batch packer, built by name for one endpoint.
 
-The simulator and the emulator both build engines; this is where a policy name
-and its parameters become objects, with what longroute passes by code: the
+This is where the simulator turns a policy name and its parameters into objects
+(the emulator still builds FCFS and the token budget itself), with what longroute
+passes by code: the
 endpoint's runtime predictor (the time-budget packer bisects its chunks over it)
 and, for the slack policies (LRS, LARS, and EDF's default deadline), Medha's
 remaining-prefill-time table. The table follows the packer: adaptive chunks under
@@ -17,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longroute.estimators.prefill_table import (
-    DEFAULT_MIN_CHUNK_TOKENS,
     AdaptiveChunks,
     ChunkRule,
     FixedChunks,
@@ -26,11 +26,8 @@ from longroute.estimators.prefill_table import (
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.queueing.base import QUEUE_POLICIES, QueuePolicy
 from longroute.sim.batching import BATCH_PACKERS, BatchPacker
-from longroute.sim.time_budget import DEFAULT_T_TARGET_S
+from longroute.sim.time_budget import TimeBudgetPacker
 from longroute.types import Endpoint
-
-NEEDS_TABLE = frozenset({"edf", "lrs", "lars"})
-"""Queue policies that use the remaining-prefill-time table (EDF for its default deadline)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,25 +49,28 @@ class PolicyBuilder:
         self.policies = policies
         self._tables: dict[tuple[int, ChunkRule, int], PrefillTimeTable] = {}
 
-    def queue(self, endpoint: Endpoint, predictor: RuntimePredictor) -> QueuePolicy:
+    def build(
+        self, endpoint: Endpoint, predictor: RuntimePredictor
+    ) -> tuple[QueuePolicy, BatchPacker]:
+        """The endpoint's queue policy and batch packer. A slack policy (one that
+        re-orders prefills: ``is_preemptive``) gets the remaining-prefill-time table,
+        chunked as the packer just built would chunk a prefill alone."""
         p = self.policies
-        extra: dict[str, Any] = {}
-        if p.queue_policy in NEEDS_TABLE:
-            extra["remaining_work"] = self.table(endpoint, predictor)
-        return QUEUE_POLICIES.build(p.queue_policy, p.queue_params, **extra)
-
-    def packer(self, endpoint: Endpoint, predictor: RuntimePredictor) -> BatchPacker:
-        p = self.policies
-        return BATCH_PACKERS.build(
+        packer = BATCH_PACKERS.build(
             p.batch_packer,
             p.packer_params,
             max_num_batched_tokens=endpoint.max_num_batched_tokens,
             predictor=predictor,
         )
+        extra: dict[str, Any] = {}
+        if getattr(QUEUE_POLICIES.get(p.queue_policy), "is_preemptive", False):
+            extra["remaining_work"] = self._table(endpoint, predictor, packer)
+        return QUEUE_POLICIES.build(p.queue_policy, p.queue_params, **extra), packer
 
-    def table(self, endpoint: Endpoint, predictor: RuntimePredictor) -> PrefillTimeTable:
-        """The remaining-prefill-time table for this endpoint's predictor and packer."""
-        rule = self._chunk_rule(endpoint)
+    def _table(
+        self, endpoint: Endpoint, predictor: RuntimePredictor, packer: BatchPacker
+    ) -> PrefillTimeTable:
+        rule = _chunk_rule(packer, endpoint.max_num_batched_tokens)
         max_tokens = endpoint.max_model_len_tokens or predictor.model.max_model_len_tokens
         key = (id(predictor), rule, int(max_tokens or 0))
         table = self._tables.get(key)
@@ -79,14 +79,11 @@ class PolicyBuilder:
             self._tables[key] = table
         return table
 
-    def _chunk_rule(self, endpoint: Endpoint) -> ChunkRule:
-        """How the engine would chunk a prefill alone: the packer's own rule."""
-        p = self.policies
-        cap = endpoint.max_num_batched_tokens
-        if p.batch_packer == "time-budget":
-            target_s = float(p.packer_params.get("t_target_s", DEFAULT_T_TARGET_S))
-            min_chunk = int(p.packer_params.get("min_chunk_tokens", DEFAULT_MIN_CHUNK_TOKENS))
-            return AdaptiveChunks(
-                target_s, min_chunk_tokens=min(min_chunk, cap), max_chunk_tokens=cap
-            )
-        return FixedChunks(cap)
+
+def _chunk_rule(packer: BatchPacker, cap: int) -> ChunkRule:
+    """How ``packer`` chunks a prefill alone: adaptive under a time budget, else fixed
+    chunks of the token budget (Sarathi's rule)."""
+    if isinstance(packer, TimeBudgetPacker):
+        min_chunk = min(packer.min_chunk_tokens, cap)
+        return AdaptiveChunks(packer.t_target_s, min_chunk_tokens=min_chunk, max_chunk_tokens=cap)
+    return FixedChunks(cap)

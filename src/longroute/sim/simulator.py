@@ -144,14 +144,14 @@ class Simulation:
             EnginePolicies(o.queue_policy, o.batch_packer, o.queue_params, o.packer_params)
         )
         for e in endpoints:
-            predictor = predictors[e.name]
+            queue, packer = policies.build(e, predictors[e.name])
             self.engines[e.name] = EngineModel(
                 e,
-                predictor,
+                predictors[e.name],
                 self.loop,
                 self,
-                queue=policies.queue(e, predictor),
-                packer=policies.packer(e, predictor),
+                queue=queue,
+                packer=packer,
                 prefix_block_tokens=workload.block_size_tokens,
                 is_prefix_caching=self.options.is_prefix_caching,
                 is_fast_forward=self.options.is_fast_forward,
