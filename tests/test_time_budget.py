@@ -192,6 +192,25 @@ def test_at_most_one_long_prefill_per_batch() -> None:
     assert packer.grant(second, _wanted(second)) > 0
 
 
+def test_without_multi_prefill_one_prefill_per_batch_and_no_yield() -> None:
+    """The ablation switch (Medha Fig. 13, "LARS without multi-prefill batching"): a
+    batch holds one prefill, which uses the whole budget since nobody could take a gift."""
+    packer = _packer(t_target_s=0.1, multi_prefill=False)
+    packer.begin(0.0)
+    long = _seq(500 * K, 100 * K)
+    n = packer.grant(long, _wanted(long), relative_slack=0.4)
+    assert n > 0
+    assert _time_with(packer, [(long, n + 1)], (0, 0)) > 0.1  # the full budget, no yield
+    assert packer.grant(_seq(2 * K), 2 * K) == 0  # a short one waits for the next batch
+    packer.begin(1.0)
+    assert packer.grant(_seq(2 * K), 2 * K) == 2 * K
+
+
+def test_multi_prefill_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match="multi_prefill"):
+        _packer(multi_prefill="no")  # type: ignore[arg-type]
+
+
 def test_long_means_the_whole_prefill_even_after_recompute() -> None:
     packer = _packer(t_target_s=0.1, long_prefill_tokens=1000)
     packer.begin(0.0)

@@ -24,6 +24,9 @@ token count:
    prefill is at least ``long_prefill_tokens``) per batch, plus any number of
    short ones while the budget lasts; a second long one is refused (0) and
    later ones are still considered, so the engine should skip, not stop, on 0.
+   ``multi_prefill=False`` turns this off for ablations (Medha Fig. 13's "LARS
+   without multi-prefill batching"): one prefill per batch, as in standard
+   chunked-prefill schedulers, and no budget is yielded (nobody could use it).
 4. **No starvation.** The first prefill granted in an iteration gets at least
    ``min(min_chunk_tokens, num_wanted)`` tokens even when the decodes alone
    fill the budget, or when one such chunk is over it by itself (a 32-token
@@ -101,6 +104,7 @@ class TimeBudgetPacker:
         "long_prefill_tokens",
         "max_num_batched_tokens",
         "min_chunk_tokens",
+        "multi_prefill",
         "predictor",
         "rho_max",
         "t_target_s",
@@ -115,6 +119,7 @@ class TimeBudgetPacker:
         min_chunk_tokens: int = DEFAULT_MIN_CHUNK_TOKENS,
         long_prefill_tokens: int = DEFAULT_LONG_PREFILL_TOKENS,
         max_num_batched_tokens: int | None = None,
+        multi_prefill: bool = True,
     ) -> None:
         if predictor is None:
             raise ValueError(
@@ -131,6 +136,8 @@ class TimeBudgetPacker:
             raise ValueError(f"long_prefill_tokens must be >= 1, got {long_prefill_tokens}")
         if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        if not isinstance(multi_prefill, bool):
+            raise ValueError(f"multi_prefill must be true or false, got {multi_prefill!r}")
         self.predictor = predictor
         self._predict = predictor.iteration_time_s
         self.t_target_s = float(t_target_s)
@@ -138,6 +145,7 @@ class TimeBudgetPacker:
         self.min_chunk_tokens = min_chunk_tokens
         self.long_prefill_tokens = long_prefill_tokens
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.multi_prefill = multi_prefill
         self.begin(0.0)
 
     # ---- BatchPacker ------------------------------------------------------
@@ -176,8 +184,10 @@ class TimeBudgetPacker:
         is_long = seq.target_tokens >= self.long_prefill_tokens
         if is_long and self._has_long:
             return 0
+        if self._has_prefill and not self.multi_prefill:
+            return 0
         share = self._yield_share(relative_slack)  # checked for every prefill
-        if not is_long:
+        if not is_long or not self.multi_prefill:
             share = 0.0
         limit_s = self.t_target_s * (1.0 - share)
         context = seq.num_computed_tokens
