@@ -181,7 +181,8 @@ def simulate(
 
         progress = progress_bar("{task.completed}/{task.total} routers")
         with progress:
-            task = progress.add_task(f"simulating {config.name}", total=len(names))
+            num_runs = len(names) * len(config.engines or [None])
+            task = progress.add_task(f"simulating {config.name}", total=num_runs)
             run = run_scenario(
                 config,
                 seed=seed,

@@ -207,6 +207,27 @@ class TuningConfig(_Model):
     )
 
 
+class EngineVariantConfig(_Model):
+    """One named engine scheduler a scenario compares (e.g. Sarathi-FCFS vs Medha)."""
+
+    queue_policy: str = Field("fcfs", description="Engine queue policy: fcfs, edf, lrs, lars.")
+    queue_policy_params: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters of the queue policy."
+    )
+    batch_packer: str = Field(
+        "token-budget", description="Engine batch packer: token-budget or time-budget."
+    )
+    batch_packer_params: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters of the batch packer."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Overrides every fleet group's token budget (Sarathi's chunk size); "
+        "None = the fleet's own.",
+    )
+
+
 class ScenarioConfig(_Model):
     name: str = Field(description="Scenario name, shown in reports.")
     description: str = Field("", description="One paragraph on what it models.")
@@ -230,6 +251,11 @@ class ScenarioConfig(_Model):
     )
     batch_packer_params: dict[str, Any] = Field(
         default_factory=dict, description="Parameters of the batch packer (e.g. t_target_s)."
+    )
+    engines: dict[str, EngineVariantConfig] | None = Field(
+        None,
+        description="Named engine schedulers to compare, each run with every router "
+        "(None = the one given by queue_policy and batch_packer).",
     )
     is_prefix_caching: bool = Field(True, description="Engines cache prompt prefixes.")
     scrape_interval_s: float | None = Field(
@@ -298,6 +324,20 @@ class ScenarioConfig(_Model):
         for name, (low, high) in (self.tuning.bounds if self.tuning else {}).items():
             if not 0 < low < high:
                 raise ValueError(f"tuning.bounds.{name}: need 0 < low < high, got [{low}, {high}]")
+        return self
+
+    @model_validator(mode="after")
+    def _one_engine_source(self) -> ScenarioConfig:
+        if self.engines is None:
+            return self
+        if not self.engines:
+            raise ValueError("engines: give at least one named engine, or leave it out")
+        top = ("queue_policy", "queue_policy_params", "batch_packer", "batch_packer_params")
+        clash = [key for key in top if key in self.model_fields_set]
+        if clash:
+            raise ValueError(
+                f"give the engine scheduler in `engines` or in {', '.join(clash)}, not both"
+            )
         return self
 
     @model_validator(mode="after")

@@ -190,7 +190,7 @@ def simulate_windows(
     try:
         prepare = frozen_preparer(frozen, routers) if frozen is not None else None
         with progress:
-            total = len(names) * len(routers)
+            total = len(names) * len(routers) * len(config.engines or [None])
             task = progress.add_task(f"simulating {config.name}", total=total, window=names[0])
 
             def done(_window: str, _router: str) -> None:  # windows run one after another

@@ -28,6 +28,7 @@ from longroute.metrics.records import RunObserver
 from longroute.metrics.summary import summarize_ttca
 from longroute.metrics.ttca import TtcaSummary
 from longroute.routing import ROUTERS, Router
+from longroute.sim import engine_variants
 from longroute.sim.clients import ClientSpec, CorrectnessSpec, query_languages
 from longroute.sim.laar_fit import build_capability, build_oracle, check_table_covers
 from longroute.sim.network import Network
@@ -81,6 +82,12 @@ def check_names(config: ScenarioConfig, source: str) -> ScenarioConfig:
         checks.append(("workload.generator", name, WORKLOADS.names(), "workload"))
     checks.append(("queue_policy", config.queue_policy, QUEUE_POLICIES.names(), "queue policy"))
     checks.append(("batch_packer", config.batch_packer, BATCH_PACKERS.names(), "batch packer"))
+    for name, engine in (config.engines or {}).items():
+        where = f"engines.{name}"
+        checks.append((f"{where}.queue_policy", engine.queue_policy, QUEUE_POLICIES.names(),
+                       "queue policy"))  # fmt: skip
+        checks.append((f"{where}.batch_packer", engine.batch_packer, BATCH_PACKERS.names(),
+                       "batch packer"))  # fmt: skip
     for field, name, valid, what in checks:
         if name not in valid:
             raise ConfigError(
@@ -235,6 +242,8 @@ def run_scenario(
     watch that router's run (e.g. the online tuner).
     """
     seed = config.seed if seed is None else seed
+    if config.engines:
+        return _run_engines(config, seed, routers, trace, on_router_done, prepare_router)
     names = resolve_routers(config, routers)
     endpoints = build_endpoints(config)
     predictors = build_predictors(endpoints)
@@ -286,6 +295,33 @@ def run_scenario(
             on_router_done(name)
     max_attempts = correctness.max_attempts if correctness is not None else None
     return ScenarioRun(config, seed, workload, results, max_attempts, capability)
+
+
+def _run_engines(
+    config: ScenarioConfig,
+    seed: int,
+    routers: list[str] | None,
+    trace: Path | None,
+    on_router_done: Callable[[str], None] | None,
+    prepare_router: PrepareRouter | None,
+) -> ScenarioRun:
+    """Every router once per named engine, reported under ``engine_variants.labels``."""
+    names = resolve_routers(config, routers)
+    results: dict[str, SimResult] = {}
+    run: ScenarioRun | None = None
+    for label, router, engine in engine_variants.labels(config, names):
+        run = run_scenario(
+            engine_variants.apply_engine(config, engine),
+            seed=seed,
+            routers=[router],
+            trace=trace,
+            prepare_router=prepare_router,
+        )
+        results[label] = run.results[router]
+        if on_router_done is not None:
+            on_router_done(label)
+    assert run is not None
+    return ScenarioRun(config, seed, run.workload, results, run.max_attempts, run.capability)
 
 
 def _client_spec(config: ScenarioConfig, trace: Path | None) -> ClientSpec:

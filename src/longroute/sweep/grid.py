@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from longroute.config import ConfigError, ScenarioConfig, WindowConfig
+from longroute.sim.engine_variants import apply_engine
+from longroute.sim.engine_variants import labels as engine_labels
 from longroute.sweep.cell import Cell
 from longroute.sweep.spec import SweepSpec, router_variants
 
@@ -47,7 +49,8 @@ def expand(spec: SweepSpec) -> Grid:
         routers = resolve_routers(config, spec.routers)
         _check_params(spec, routers)
         variants = [v for r in routers for v in _variants(spec, r)]
-        for label, _router, _params in variants:
+        runs = _engine_runs(config, variants)
+        for label, *_ in runs:
             if label not in all_labels:
                 all_labels.append(label)
         for window_index, window in _windows(spec, config):
@@ -55,8 +58,10 @@ def expand(spec: SweepSpec) -> Grid:
                 scaled = _scaled(config, window, load_scale)
                 for fleet_name, override in fleets.items():
                     fleet_config = _with_fleet(scaled, fleet_name, override)
-                    for label, router, params in variants:
-                        resolved = _with_router_params(fleet_config, router, params)
+                    for label, router, params, engine in runs:
+                        resolved = _with_router_params(
+                            apply_engine(fleet_config, engine), router, params
+                        )
                         for seed in spec.seeds:
                             cells.append(
                                 Cell(
@@ -102,6 +107,18 @@ def _check_size(spec: SweepSpec, num_fleets: int) -> None:
 def _variants(spec: SweepSpec, router: str) -> list[tuple[str, str, dict[str, Any]]]:
     params = spec.router_params.get(router, {})
     return [(label, router, p) for label, p in router_variants(router, params)]
+
+
+def _engine_runs(
+    config: ScenarioConfig, variants: list[tuple[str, str, dict[str, Any]]]
+) -> list[tuple[str, str, dict[str, Any], str | None]]:
+    """Each router variant once per engine of a scenario that names engines; labelled
+    as ``longroute simulate`` labels them (the engine alone under one router variant)."""
+    by_label = {label: (router, params) for label, router, params in variants}
+    return [
+        (label, *by_label[router_label], engine)
+        for label, router_label, engine in engine_labels(config, list(by_label))
+    ]
 
 
 def _check_params(spec: SweepSpec, routers: list[str]) -> None:
