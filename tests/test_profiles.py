@@ -22,6 +22,8 @@ from longroute.estimators.profiles import (
 REQUIRED_MODELS = {
     "llama-3-8b",
     "llama-3-70b",
+    "llama-3-8b-1m",
+    "llama-3-70b-1m",
     "qwen3-32b",
     "qwen3.5-35b-a3b",
     "granite-3.1-2b",
