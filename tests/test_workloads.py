@@ -320,6 +320,7 @@ def test_registry_builds_the_generators_and_rejects_unknown_knobs() -> None:
         "art-chat",
         "kv-lookup",
         "long-sessions",
+        "medha-mix",
         "mixed-long-short",
         "rag",
         "short-chat",

@@ -11,14 +11,16 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+# Token counts drawn lognormal: median_<kind>_tokens and <kind>_sigma knobs.
+_LOGNORMAL_KINDS = ("prompt", "output", "context", "user", "long_prompt", "long_output")
 # Valid range of every float knob; every other knob is an integer >= 1.
 FLOAT_KNOB_RANGES: dict[str, tuple[float, float]] = {
     "shared_prefix_fraction": (0.0, 1.0),
     "long_fraction": (0.0, 1.0),
     "mean_turns": (1.0, math.inf),
     "mean_think_time_s": (0.0, math.inf),
-    **{f"median_{k}_tokens": (1.0, math.inf) for k in ("prompt", "output", "context", "user")},
-    **{f"{k}_sigma": (0.0, math.inf) for k in ("prompt", "output", "context", "user")},
+    **{f"median_{k}_tokens": (1.0, math.inf) for k in _LOGNORMAL_KINDS},
+    **{f"{k}_sigma": (0.0, math.inf) for k in _LOGNORMAL_KINDS},
 }
 
 

@@ -10,6 +10,7 @@ from longroute.registry import Registry
 from longroute.workloads.art_chat import art_chat
 from longroute.workloads.generators import long_sessions, mixed_long_short, short_chat
 from longroute.workloads.kv_lookup import kv_lookup
+from longroute.workloads.medha_mix import medha_mix
 from longroute.workloads.rag import rag
 from longroute.workloads.types import Workload
 
@@ -20,3 +21,4 @@ WORKLOADS.register("mixed-long-short")(mixed_long_short)
 WORKLOADS.register("kv-lookup")(kv_lookup)
 WORKLOADS.register("art-chat")(art_chat)
 WORKLOADS.register("rag")(rag)
+WORKLOADS.register("medha-mix")(medha_mix)
