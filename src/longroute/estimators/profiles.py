@@ -123,7 +123,14 @@ class HardwareProfile:
     the driver reports. ``linear_mfu``/``attention_mfu``/``bandwidth_efficiency``
     scale the peaks to what GEMMs, attention kernels and weight/KV streaming
     achieve; ``iteration_overhead_s`` is the fixed CPU/launch cost of one
-    engine step.
+    engine step. The last three fields serve multi-node parallelism (Medha's
+    SPP and KVP, :mod:`longroute.estimators.parallel`) and default to an
+    H100-class cluster: ``inter_node_bytes_per_s`` per GPU and direction (one
+    400 Gb/s NDR InfiniBand NIC per GPU, as in a DGX H100), ``inter_node_latency_s``
+    per message (IB RDMA ~2 us plus NCCL's send/recv launch), and
+    ``pipeline_stage_overhead_s`` per pipeline stage handoff (the send/recv
+    synchronisation and the next stage's launch of its layers; vLLM-class
+    pipeline engines show ~0.1-0.3 ms per stage).
     """
 
     name: str
@@ -137,6 +144,9 @@ class HardwareProfile:
     iteration_overhead_s: float
     source: str
     allreduce_latency_s: float = 10e-6
+    inter_node_bytes_per_s: float = 50e9
+    inter_node_latency_s: float = 5e-6
+    pipeline_stage_overhead_s: float = 200e-6
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -22,8 +22,9 @@ token per decoding sequence) through the model, tensor-parallel over
   bandwidth; not overlapped with compute.
 
 Not modelled: KV-head replication beyond capacity (accounted in
-``kv_capacity_tokens`` only), the recurrent state of linear-attention layers,
-sampling, and pipeline/sequence parallelism.
+``kv_capacity_tokens`` only), the recurrent state of linear-attention layers and
+sampling. Medha's pipeline (SPP) and KV-cache (KVP) parallelism live in
+:mod:`longroute.estimators.parallel`, a subclass; here both degrees are 1.
 
 The simulator calls ``iteration_time_s`` once per simulated iteration and
 ``decode_stretch_time_s``/``decode_steps_within`` to skip runs of pure-decode
@@ -79,6 +80,9 @@ def _sum_of_max(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
 
 class RuntimePredictor:
     """Predicts engine iteration times for one model replica on ``num_gpus`` GPUs (TP)."""
+
+    spp_degree: int = 1  # pipeline stages and KV-parallel groups: see estimators/parallel.py
+    kvp_degree: int = 1
 
     def __init__(
         self,
@@ -233,6 +237,11 @@ class RuntimePredictor:
             else:
                 hi = mid - 1
         return lo, lo_s
+
+    def first_token_delay_s(self, iteration_s: float) -> float:
+        """Seconds from the end of a prefill's last iteration (``iteration_s`` long) to
+        its first token: 0 without a pipeline to drain (SPP: estimators/parallel.py)."""
+        return 0.0
 
     # ------------------------------------------------------------- whole prompts
 
