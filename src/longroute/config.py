@@ -61,6 +61,12 @@ class EndpointGroupConfig(_Model):
     region: str = Field(description="Region the replicas run in.")
     replicas: int = Field(1, ge=1, description="Number of identical replicas.")
     num_gpus: int = Field(1, ge=1, description="GPUs per replica (tensor parallel).")
+    spp_degree: int = Field(
+        1, ge=1, description="Pipeline stages of num_gpus GPUs each (Medha's SPP)."
+    )
+    kvp_degree: int = Field(
+        1, ge=1, description="KV-parallel groups of num_gpus x spp_degree GPUs (Medha's KVP)."
+    )
     max_num_seqs: int = Field(256, ge=1, description="Max running sequences per engine.")
     max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per iteration.")
     block_size_tokens: int = Field(16, ge=1, description="KV cache block size.")

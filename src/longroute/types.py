@@ -76,7 +76,14 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """A serving replica: one engine process, possibly spanning several GPUs."""
+    """A serving replica: one engine process, possibly spanning several GPUs.
+
+    ``num_gpus`` is the tensor-parallel degree (the GPUs of one TP group, usually
+    one node). Medha's stream pipeline parallelism chains ``spp_degree`` such
+    groups as pipeline stages, and its KV-cache parallelism runs ``kvp_degree``
+    copies of that pipeline that share long sequences' KV
+    (``longroute.estimators.parallel``); ``total_gpus`` counts them all.
+    """
 
     name: str
     model: str
@@ -88,6 +95,21 @@ class Endpoint:
     block_size_tokens: int = 16
     gpu_memory_utilization: float = 0.9
     max_model_len_tokens: int | None = None
+    spp_degree: int = 1
+    kvp_degree: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("spp_degree", "kvp_degree"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"endpoint {self.name!r}: {name} must be an integer >= 1, got {value!r}"
+                )
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the replica: TP x SPP x KVP."""
+        return self.num_gpus * self.spp_degree * self.kvp_degree
 
     def can_fit(self, request: Request) -> bool:
         """True if prompt plus expected output fit the endpoint's context limit."""

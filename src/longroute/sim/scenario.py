@@ -22,6 +22,7 @@ import yaml
 from longroute.config import ConfigError, ScenarioConfig, load_scenario_file, parse_scenario
 from longroute.errors import did_you_mean
 from longroute.estimators.capability import CapabilityModel
+from longroute.estimators.parallel import make_predictor
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RunObserver
@@ -113,6 +114,8 @@ def build_endpoints(config: ScenarioConfig) -> list[Endpoint]:
                     block_size_tokens=g.block_size_tokens,
                     gpu_memory_utilization=g.gpu_memory_utilization,
                     max_model_len_tokens=g.max_model_len_tokens,
+                    spp_degree=g.spp_degree,
+                    kvp_degree=g.kvp_degree,
                 )
             )
     return endpoints
@@ -150,13 +153,19 @@ def fit_context_limits(
 
 
 def build_predictors(endpoints: list[Endpoint]) -> dict[str, RuntimePredictor]:
-    cache: dict[tuple[str, str, int], RuntimePredictor] = {}
+    """Each endpoint's runtime predictor, shared by endpoints of one model, hardware and
+    TP x SPP x KVP layout."""
+    cache: dict[tuple[str, str, int, int, int], RuntimePredictor] = {}
     out = {}
     for e in endpoints:
-        key = (e.model, e.hardware, e.num_gpus)
+        key = (e.model, e.hardware, e.num_gpus, e.spp_degree, e.kvp_degree)
         if key not in cache:
-            cache[key] = RuntimePredictor(
-                load_model_profile(e.model), load_hardware_profile(e.hardware), e.num_gpus
+            cache[key] = make_predictor(
+                load_model_profile(e.model),
+                load_hardware_profile(e.hardware),
+                e.num_gpus,
+                spp_degree=e.spp_degree,
+                kvp_degree=e.kvp_degree,
             )
         out[e.name] = cache[key]
     return out
