@@ -23,6 +23,9 @@ Speed, without losing iteration-level fidelity:
   jumps over those iterations at once (a *stretch*) with the predictor's
   closed-form sum of decode step times. An arrival cuts a stretch at the end
   of the iteration in progress. A test checks this equals stepping.
+
+Under SPP a first token is reported when it leaves the pipeline, after its last
+round; under KVP round times sum per sequence (:mod:`longroute.sim.parallel_engine`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from longroute.sim.batching import BatchPacker
 from longroute.sim.decode_group import DecodeGroup
 from longroute.sim.events import EventLoop
 from longroute.sim.kv_memory import KvMemory
+from longroute.sim.parallel_engine import (
+    kvp_plan_time_s,
+    next_drained_s,
+    start_decoding_drained,
+)
 from longroute.sim.preemptive import schedule_preemptive
 from longroute.sim.sequence import Sequence
 from longroute.types import Endpoint, Request
@@ -80,16 +88,19 @@ class EngineModel:
             prefix_block_tokens,
             is_prefix_caching=is_prefix_caching,
         )
-        self.is_fast_forward = is_fast_forward
+        self._is_kvp = predictor.kvp_degree > 1
+        self.is_fast_forward = is_fast_forward and not self._is_kvp
         self.max_num_seqs = endpoint.max_num_seqs
         self.prefilling: list[Sequence] = []
         self.decoding = DecodeGroup(self.kv)
+        self.draining: list[Sequence] = []  # SPP: first token still in the pipeline
         self.num_iterations = 0
         self.num_preemptions = 0
         self._version = 0
         self._plan: list[tuple[Sequence, int]] = []
         self._plan_num_decodes = 0
         self._stretch: tuple[float, int, int, int] | None = None  # t0, steps, B, C0
+        self._iteration_s = 0.0  # predicted time of the iteration in flight
         self._is_busy = False
 
     # ---- public --------------------------------------------------------
@@ -124,6 +135,8 @@ class EngineModel:
             self.decoding.remove(seq)
         elif seq in self.prefilling:
             self.prefilling.remove(seq)
+        elif seq in self.draining:
+            self.draining.remove(seq)
         elif not self.queue.remove(seq):
             return False
         self.kv.release(seq)
@@ -134,7 +147,7 @@ class EngineModel:
 
     @property
     def num_running(self) -> int:
-        return len(self.prefilling) + len(self.decoding)
+        return len(self.prefilling) + len(self.decoding) + len(self.draining)
 
     def stats(self) -> tuple[int, int, float]:
         """(waiting, running, KV usage in [0, 1]) as an engine's /metrics would show."""
@@ -203,6 +216,8 @@ class EngineModel:
 
     def _step(self, now_s: float) -> None:
         """Form and launch the next iteration (or go idle)."""
+        if self.draining:
+            start_decoding_drained(self, now_s)
         self.packer.begin(now_s)
         if self._is_preemptive:
             plan, is_preempted = schedule_preemptive(self, now_s)
@@ -223,18 +238,24 @@ class EngineModel:
         num_decodes = len(self.decoding)
         if not plan and not num_decodes:
             self._is_busy = False
+            if self.draining:  # wake when the first of them may decode
+                self._version += 1
+                self.loop.at(next_drained_s(self), self._on_wake, self._version)
             return
         self._is_busy = True
         self._version += 1
-        if self.is_fast_forward and not plan and not is_preempted and self._try_stretch(now_s):
+        can_stretch = self.is_fast_forward and not plan and not is_preempted and not self.draining
+        if can_stretch and self._try_stretch(now_s):
             return
         self._plan = plan
         self._plan_num_decodes = num_decodes
         self._stretch = None
-        t_end = now_s + self._plan_time_s(plan, num_decodes)
-        self.loop.at(t_end, self._on_iteration_end, self._version)
+        self._iteration_s = self._plan_time_s(plan, num_decodes)
+        self.loop.at(now_s + self._iteration_s, self._on_iteration_end, self._version)
 
     def _plan_time_s(self, plan: list[tuple[Sequence, int]], num_decodes: int) -> float:
+        if self._is_kvp:
+            return kvp_plan_time_s(self.predictor, plan, self.decoding)
         num_prefill = 0
         pairs = 0.0
         prefill_ctx = 0
@@ -246,6 +267,10 @@ class EngineModel:
         return self.predictor.iteration_time_s(
             num_prefill, pairs, prefill_ctx, num_decodes, self.decoding.context_tokens
         )
+
+    def _on_wake(self, version: int, _: object) -> None:
+        if version == self._version and not self._is_busy:
+            self._step(self.loop.now_s)
 
     # ---- decode stretches ---------------------------------------------
     def _try_stretch(self, now_s: float) -> bool:
@@ -311,11 +336,15 @@ class EngineModel:
                 continue
             is_done_prefilling = True
             seq.num_generated += 1
-            if seq.first_token_s is None:
-                seq.first_token_s = now_s
-                listener.on_first_token(seq, now_s)
+            first_s = seq.first_token_s
+            if first_s is None:
+                first_s = now_s + self.predictor.first_token_delay_s(self._iteration_s)
+                seq.first_token_s = first_s
+                listener.on_first_token(seq, first_s)
             if seq.num_generated >= seq.num_output_tokens:
                 finished.append(seq)
+            elif first_s > now_s:  # SPP: decodes once its first token is out
+                self.draining.append(seq)
             else:
                 self.decoding.add(seq)
         if is_done_prefilling:
@@ -329,4 +358,6 @@ class EngineModel:
     def _finish(self, finished: list[Sequence], now_s: float) -> None:
         for seq in finished:
             self.kv.release(seq)
-            self.listener.on_finish(seq, now_s)
+            first_s = seq.first_token_s  # later than now_s only under SPP (module doc)
+            t_s = first_s if first_s is not None and first_s > now_s else now_s
+            self.listener.on_finish(seq, t_s)
