@@ -21,7 +21,7 @@ from longroute.sim.clients import ClientSpec
 from longroute.sim.network import Network
 from longroute.sim.preemptive import _victim
 from longroute.sim.simulator import EngineOptions, SimResult, Simulation
-from longroute.types import Endpoint
+from longroute.types import SLO, Endpoint
 from longroute.workloads.types import Session, Turn, Workload
 
 BLOCK = 256
@@ -87,6 +87,32 @@ def test_slack_policies_let_short_requests_through_and_finish_the_long_one(polic
     assert engine.num_running == 0 and len(engine.queue) == 0  # counters back to zero
     assert engine.kv.usage() == 0.0 and engine.kv.num_private_tokens == 0  # KV all released
     assert not engine.prefilling and len(engine.decoding) == 0
+
+
+@pytest.mark.parametrize(("multi_prefill", "short_fast"), [(True, True), (False, False)])
+def test_a_waiting_long_request_does_not_hold_back_the_short_ones_behind_it(
+    multi_prefill: bool, short_fast: bool
+) -> None:
+    """LARS ranks a waiting long prompt (relative slack ~1) ahead of a new short one
+    (~20). With a long prefill already running, the packer refuses the waiting one
+    (one long per batch), and the engine passes over it to the short one, which fills
+    the budget the running one yields. Without multi-prefill batching the short one
+    waits until its slack falls below the longs' (near its 1 s deadline)."""
+    # the waiting 120K one has a lax 100 s TTFT SLO: its relative slack (~8) ranks it
+    # behind the running 40K one (~1) and ahead of the new short one (~19)
+    lax = Turn(LONG_TOKENS, 8, slo=SLO(ttft_s=100.0))
+    turns = [(0.0, Turn(40_000, 8)), (0.1, lax), (1.0, Turn(500, 8))]
+    params = {"t_target_s": 0.05, "multi_prefill": multi_prefill}
+    options = EngineOptions(queue_policy="lars", batch_packer="time-budget", packer_params=params)
+    sim, result = _run(turns, options)
+    ttft = _ttfts(result)
+    assert len(result.records) == 3
+    if short_fast:
+        assert ttft[500] < 0.2
+    else:
+        assert ttft[500] > 0.5
+    engine = sim.engines["e0"]
+    assert len(engine.queue) == 0 and engine.num_running == 0  # the passed-over one came back
 
 
 def test_time_budget_packer_keeps_iterations_within_target_but_the_floor() -> None:

@@ -216,6 +216,14 @@ class TimeBudgetPacker:
             self._decode_context_tokens,
         )
 
+    def is_refused_kind(self, seq: Sequence) -> bool:
+        """True if ``grant`` refuses ``seq`` for what it is, not for the budget left: a
+        long prefill when the batch already has one (multi-prefill batching). The
+        engine then passes over it and offers the budget to the prefills after it."""
+        return (
+            self.multi_prefill and self._has_long and seq.target_tokens >= self.long_prefill_tokens
+        )
+
     # ---- introspection ------------------------------------------------------
     @property
     def predicted_time_s(self) -> float:
