@@ -19,6 +19,22 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def _params(flag: str, items: list[str] | None) -> dict[str, object]:
+    """``KEY=VALUE`` policy parameters; values read as YAML scalars (``0.05`` is a float)."""
+    import yaml
+
+    params: dict[str, object] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag} wants KEY=VALUE, got {item!r}")
+        try:
+            params[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ValueError(f"{flag} {item!r}: the value is not a YAML scalar") from None
+    return params
+
+
 def emulate_command(
     profile: Annotated[str, typer.Option(help="Model profile to emulate (see `simulate --list`).")],
     hardware: Annotated[str, typer.Option(help="Hardware profile of each GPU.")] = "h100",
@@ -81,11 +97,33 @@ def emulate_command(
             "the engine cannot handle (default: none)."
         ),
     ] = None,
+    scheduler: Annotated[
+        str,
+        typer.Option(
+            help="Queue policy of the engine: fcfs (vLLM's), or Medha's edf, lrs, lars "
+            "(slack-aware; requests get the default TTFT deadline)."
+        ),
+    ] = "fcfs",
+    packer: Annotated[
+        str,
+        typer.Option(
+            help="Batch packer: token-budget (vLLM's chunked prefill) or time-budget (Medha's)."
+        ),
+    ] = "token-budget",
+    scheduler_param: Annotated[
+        list[str] | None,
+        typer.Option(help="Queue-policy parameter KEY=VALUE (repeatable), e.g. default_ttft_s=2."),
+    ] = None,
+    packer_param: Annotated[
+        list[str] | None,
+        typer.Option(help="Packer parameter KEY=VALUE (repeatable), e.g. t_target_s=0.05."),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible engine emulator timed by the simulator's engine model."""
     from longroute.emulator.correctness import build_judge
-    from longroute.emulator.options import build_endpoint, build_predictor
+    from longroute.emulator.options import build_endpoint, build_engine_policies, build_predictor
     from longroute.emulator.runner import run_emulator
+    from longroute.sim.engine_policies import PolicyBuilder
 
     try:
         options = EmulatorOptions(
@@ -110,9 +148,16 @@ def emulate_command(
             temperature=temperature,
             correctness_seed=correctness_seed,
             poison_marker=poison_marker,
+            scheduler=scheduler,
+            packer=packer,
+            scheduler_params=_params("--scheduler-param", scheduler_param),
+            packer_params=_params("--packer-param", packer_param),
         )
         # unknown profiles (ProfileError), a model that does not fit, bad limits
-        build_endpoint(options, build_predictor(options))
+        predictor = build_predictor(options)
+        endpoint = build_endpoint(options, predictor)
+        # unknown policy names were refused above; here, their parameters
+        PolicyBuilder(build_engine_policies(options)).build(endpoint, predictor)
         build_judge(options)  # an unknown table, or one without the served model
     except ValueError as exc:
         raise _fail(str(exc)) from None

@@ -17,6 +17,12 @@ sequence is implicit in the engine's decode group (``base_generated + step -
 base_step``); after each advance the driver publishes every running
 stream's new token count with the wall time of the engine's clock.
 
+The engine's queue policy and batch packer (``EnginePolicies``: FCFS and the
+token budget by default, or Medha's EDF/LRS/LARS and time budget) are built by
+:class:`~longroute.sim.engine_policies.PolicyBuilder`, as the simulator builds
+them, so the same policies run in real time. Requests carry no SLO: the slack
+policies give each the default deadline of :mod:`longroute.queueing.slack`.
+
 A request whose client goes away is aborted: its seat and KV memory are
 freed at once, as vLLM does.
 """
@@ -28,9 +34,8 @@ import time
 from typing import Protocol
 
 from longroute.estimators.runtime import RuntimePredictor
-from longroute.queueing import QUEUE_POLICIES
-from longroute.sim.batching import BATCH_PACKERS
 from longroute.sim.engine import EngineModel
+from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
 from longroute.sim.sequence import Sequence
 from longroute.types import Endpoint, Request
@@ -89,17 +94,19 @@ class EngineDriver:
         prefix_block_tokens: int,
         observer: EngineObserver | None = None,
         min_wake_interval_s: float = DEFAULT_MIN_WAKE_INTERVAL_S,
+        policies: EnginePolicies | None = None,
     ) -> None:
         self.loop = EventLoop()
+        # the simulator's builder: the same queue policy and batch packer as a scenario's
+        builder = PolicyBuilder(policies if policies is not None else EnginePolicies())
+        queue, packer = builder.build(endpoint, predictor)
         self.engine = EngineModel(
             endpoint,
             predictor,
             self.loop,
             self,
-            queue=QUEUE_POLICIES.build("fcfs"),
-            packer=BATCH_PACKERS.build(
-                "token-budget", max_num_batched_tokens=endpoint.max_num_batched_tokens
-            ),
+            queue=queue,
+            packer=packer,
             prefix_block_tokens=prefix_block_tokens,
             is_fast_forward=False,
         )

@@ -7,10 +7,16 @@ a bad value fails before any socket is opened, naming the value and its range.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
+from longroute.queueing import QUEUE_POLICIES
+from longroute.registry import Registry
+from longroute.sim.batching import BATCH_PACKERS
+from longroute.sim.engine_policies import EnginePolicies
 from longroute.types import Endpoint
 
 DEFAULT_PORT = 8000
@@ -42,6 +48,12 @@ class EmulatorOptions:
     ``poison_marker``: a prompt whose text contains it is answered 500, every
     time, as an engine answers a prompt it cannot handle (for testing that one
     client's requests cannot take a fleet down); None: no such prompt.
+
+    ``scheduler`` and ``packer`` name the engine's queue policy (fcfs, edf, lrs,
+    lars) and batch packer (token-budget, time-budget), with their parameters in
+    ``scheduler_params`` and ``packer_params``, as a scenario's ``queue_policy``,
+    ``batch_packer`` and their ``*_params``; names are checked here, parameters
+    when :func:`build_engine_policies` is built into an engine.
     """
 
     profile: str
@@ -66,6 +78,10 @@ class EmulatorOptions:
     temperature: float = 0.0
     correctness_seed: int = 0
     poison_marker: str | None = None
+    scheduler: str = "fcfs"
+    packer: str = "token-budget"
+    scheduler_params: Mapping[str, Any] = field(default_factory=dict)
+    packer_params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_int("num_gpus", self.num_gpus, 1)
@@ -99,6 +115,8 @@ class EmulatorOptions:
             raise ValueError("host must not be empty")
         if self.poison_marker is not None and not self.poison_marker:
             raise ValueError("poison_marker must not be empty (leave it unset to turn it off)")
+        _check_name("scheduler", self.scheduler, QUEUE_POLICIES)
+        _check_name("packer", self.packer, BATCH_PACKERS)
 
     def _check_correctness(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
@@ -125,6 +143,24 @@ def _check_int(name: str, value: int, low: int, high: int | None = None) -> None
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in {low}..{high}"
         raise ValueError(f"{name} must be {bound}, got {value}")
+
+
+def _check_name(name: str, value: str, registry: Registry[Any]) -> None:
+    """ValueError naming the option, with a suggestion and the valid names."""
+    try:
+        registry.get(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def build_engine_policies(options: EmulatorOptions) -> EnginePolicies:
+    """The engine's queue policy and batch packer, by name, for ``PolicyBuilder``."""
+    return EnginePolicies(
+        queue_policy=options.scheduler,
+        batch_packer=options.packer,
+        queue_params=dict(options.scheduler_params),
+        packer_params=dict(options.packer_params),
+    )
 
 
 def build_predictor(options: EmulatorOptions) -> RuntimePredictor:

@@ -28,7 +28,12 @@ from longroute.emulator.correctness import KvVerdict, build_judge
 from longroute.emulator.engine_driver import EngineDriver, TokenStream
 from longroute.emulator.faults import FaultInjector, FaultPlan
 from longroute.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
-from longroute.emulator.options import EmulatorOptions, build_endpoint, build_predictor
+from longroute.emulator.options import (
+    EmulatorOptions,
+    build_endpoint,
+    build_engine_policies,
+    build_predictor,
+)
 from longroute.emulator.protocol import ApiError, ApiKind, ParsedRequest, parse_request
 from longroute.emulator.responses import ReplyRenderer, usage
 from longroute.headers import ATTEMPT_HEADER
@@ -64,6 +69,7 @@ class Emulator:
             speed=options.speed,
             prefix_block_tokens=options.prefix_block_tokens,
             observer=self.metrics,
+            policies=build_engine_policies(options),
         )
         self.judge = build_judge(options)
         self.faults = FaultInjector(

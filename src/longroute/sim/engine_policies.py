@@ -1,10 +1,9 @@
 """An engine's queue policy and batch packer, built by name for one endpoint.
 
-This is where the simulator turns a policy name and its parameters into objects
-(the emulator still builds FCFS and the token budget itself), with what longroute
-passes by code: the
-endpoint's runtime predictor (the time-budget packer bisects its chunks over it)
-and, for the slack policies (LRS, LARS, and EDF's default deadline), Medha's
+This is where the simulator and the emulator turn a policy name and its
+parameters into objects, with what longroute passes by code: the endpoint's
+runtime predictor (the time-budget packer bisects its chunks over it) and, for
+the slack policies (LRS, LARS, and EDF's default deadline), Medha's
 remaining-prefill-time table. The table follows the packer: adaptive chunks under
 the time-budget packer's ``t_target_s``, fixed chunks of the token budget
 otherwise, up to the endpoint's context limit. Tables are cached per predictor and
