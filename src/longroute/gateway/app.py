@@ -35,6 +35,7 @@ from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse
 from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import ROUTES, parse_body
+from longroute.gateway.priority import BackendPriorities, without_client_priority
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter, Redactor
 from longroute.gateway.wiring import models_body, monitors
@@ -96,6 +97,7 @@ class Gateway:
             config.admission,
             keepalive_s=config.backend_keepalive_s,
             redactor=self.redactor,
+            priorities=BackendPriorities(config, self.clock),
         )
         self.rtt, self.scraper = monitors(config, self.backends, self.fleet, self.clock)
         # served models map to themselves, aliases to their target (a model or "auto")
@@ -160,7 +162,7 @@ class Gateway:
             authorize(http_request.headers, self.client_api_keys)
             check_content_type(http_request.headers.get("content-type"))
             raw = http_request.body
-            parsed = parse_body(raw, route)
+            raw, parsed = without_client_priority(raw, parse_body(raw, route))
             target = self.models.get(parsed.model)
             if target is None:
                 raise _model_not_found(parsed.model)

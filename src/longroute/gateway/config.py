@@ -11,12 +11,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from longroute.config import ConfigError, read_yaml, validate_mapping
 from longroute.queueing import QUEUE_POLICIES
+from longroute.queueing.dispatch_priority import (
+    DispatchPriority,
+    LinearPrefill,
+    check_dispatch_policy,
+)
 from longroute.registry import RegistryError
 from longroute.routing.fleet_view import AUTO_MODEL
 
@@ -51,6 +56,14 @@ class BackendConfig(_Model):
     )
     health_path: str = Field("/health", description="Path of the health check and RTT probe.")
     metrics_path: str = Field("/metrics", description="Path of the engine's Prometheus metrics.")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="The engine's own: priority = vLLM started with --scheduling-policy "
+        "priority; the gateway then sends each request an integer 'priority' (backend_priority).",
+    )
+    prefill_seconds_per_token: float | None = Field(
+        None, gt=0, le=1, description="Predicted prefill seconds per prompt token (lrs, lars)."
+    )
 
     @field_validator("url")
     @classmethod
@@ -112,6 +125,28 @@ class AdmissionConfig(_Model):
         except RegistryError as exc:
             raise ValueError(str(exc)) from None
         return name
+
+
+class BackendPriorityConfig(_Model):
+    """How the gateway computes the ``priority`` it sends to priority-scheduling backends."""
+
+    policy: str = Field("edf", description="Slack policy of the priority: edf, lrs or lars.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Its parameters (default_ttft_s, default_ttft_work_factor).",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known(cls, policy: str) -> str:
+        check_dispatch_policy(policy)
+        return policy
+
+    @model_validator(mode="after")
+    def _builds(self) -> BackendPriorityConfig:
+        """A bad parameter fails at load (checked with any backend's prefill rate)."""
+        DispatchPriority(self.policy, self.params, LinearPrefill(1e-4))
+        return self
 
 
 class HttpConfig(_Model):
@@ -202,6 +237,7 @@ class GatewayConfig(_Model):
     )
     chars_per_token: float = Field(4.0, gt=0, description="Prompt characters per token.")
     context_reuse: ContextReuseConfig = Field(default_factory=lambda: ContextReuseConfig())
+    backend_priority: BackendPriorityConfig = Field(default_factory=lambda: BackendPriorityConfig())
     default_task: str | None = Field(
         None,
         min_length=1,
@@ -223,6 +259,18 @@ class GatewayConfig(_Model):
                 raise ValueError(
                     f"model_aliases.{alias}: {target!r} is not served; "
                     f"served: {', '.join(sorted(served))} (or {AUTO_MODEL!r})"
+                )
+        policy = self.backend_priority.policy
+        for i, backend in enumerate(self.backends):
+            if (
+                backend.scheduling_policy == "priority"
+                and policy != "edf"
+                and backend.prefill_seconds_per_token is None
+            ):
+                raise ValueError(
+                    f"backends.{i}.prefill_seconds_per_token is required: backend_priority."
+                    f"policy {policy} needs the predicted prefill time of every request sent "
+                    f"to backend {backend.name!r}, which schedules by priority"
                 )
         return self
 

@@ -6,7 +6,7 @@ prompt text (a constant-size sample of its end, some 30 us; None for prompts
 given as token ids; the role names of the neutral chat template fall in the
 sample, a few Latin letters that never outvote three East-Asian characters),
 ``task`` from the ``x-longroute-task`` header or else the config's
-``default_task``.
+``default_task``; ``slo`` from ``x-longroute-ttft-slo-ms`` (a TTFT objective).
 
 :class:`ContextReuse` rewrites chat requests that carry ``documents`` (when
 ``context_reuse.enabled``), before the Request is built from the new prompt.
@@ -43,6 +43,7 @@ from longroute.gateway.parse import (
     ParsedBody,
     parse_context_fields,
 )
+from longroute.gateway.priority import ttft_slo
 from longroute.gateway.prompt import chat_prompt_text, text_features, token_features
 from longroute.headers import SESSION_HEADER, TASK_HEADER, TRIED_HEADER
 from longroute.types import Request
@@ -177,6 +178,7 @@ class RequestBuilder:
             session_id=session or parsed.user,
             attempt=1 + len(tried),
             tried_models=tried,
+            slo=ttft_slo(headers),
         )
 
 

@@ -16,6 +16,10 @@ on another backend; and a request that fails so on ``max_request_failures``
 backends is answered with its error, not tried further. A poison request thus
 costs at most that many attempts and never opens a breaker.
 
+A backend declared ``scheduling_policy: priority`` gets the request's slack as
+an integer ``priority`` field (:mod:`longroute.gateway.priority`), computed at
+each attempt's dispatch.
+
 Nothing a backend says reaches the client unredacted: error bodies go through
 :mod:`longroute.gateway.backend_errors`, 2xx bodies lose any quoted backend key.
 
@@ -56,6 +60,7 @@ from longroute.gateway.http.types import JSON_TYPE, HttpResponse
 from longroute.gateway.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
+from longroute.gateway.priority import BackendPriorities
 from longroute.gateway.redact import Redactor
 from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER
 from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
@@ -116,8 +121,10 @@ class Proxy:
         *,
         keepalive_s: float,
         redactor: Redactor,
+        priorities: BackendPriorities | None = None,
     ) -> None:
         self.backends = backends
+        self.priorities = priorities
         self.redactor = redactor
         self.admission = admission
         self.health = health
@@ -263,7 +270,10 @@ class Proxy:
         pool = self._pools[backend.name]
         try:
             async with asyncio.timeout(max(job.seconds_left(), 0.001)):
-                response = await pool.request("POST", job.route, job.body_for(backend))
+                body = job.body_for(backend)
+                if self.priorities:  # backends that schedule by priority get one
+                    body = self.priorities.body(body, request, backend.name)
+                response = await pool.request("POST", job.route, body)
                 try:
                     status = response.status
                     if status >= 500 or status in CREDENTIAL_STATUSES:
