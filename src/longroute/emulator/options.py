@@ -9,15 +9,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
-from longroute.queueing import QUEUE_POLICIES
 from longroute.registry import Registry
-from longroute.sim.batching import BATCH_PACKERS
-from longroute.sim.engine_policies import EnginePolicies
 from longroute.types import Endpoint
+
+if TYPE_CHECKING:  # the policies pull in numpy; `longroute --help` must not
+    from longroute.sim.engine_policies import EnginePolicies
 
 DEFAULT_PORT = 8000
 DEFAULT_PREFIX_BLOCK_TOKENS = 16
@@ -115,6 +115,9 @@ class EmulatorOptions:
             raise ValueError("host must not be empty")
         if self.poison_marker is not None and not self.poison_marker:
             raise ValueError("poison_marker must not be empty (leave it unset to turn it off)")
+        from longroute.queueing import QUEUE_POLICIES
+        from longroute.sim.batching import BATCH_PACKERS
+
         _check_name("scheduler", self.scheduler, QUEUE_POLICIES)
         _check_name("packer", self.packer, BATCH_PACKERS)
 
@@ -155,6 +158,8 @@ def _check_name(name: str, value: str, registry: Registry[Any]) -> None:
 
 def build_engine_policies(options: EmulatorOptions) -> EnginePolicies:
     """The engine's queue policy and batch packer, by name, for ``PolicyBuilder``."""
+    from longroute.sim.engine_policies import EnginePolicies
+
     return EnginePolicies(
         queue_policy=options.scheduler,
         batch_packer=options.packer,
