@@ -102,7 +102,6 @@ class ParallelPredictor(RuntimePredictor):
             )
         self.spp_degree, self.kvp_degree = p, k
         self.kvp_tokens_per_group = self._tokens_per_group(kvp_tokens_per_group)
-        self._reserve_per_gpu = activation_reserve_bytes_per_gpu
         hw, n = hardware, num_gpus
         link = n * hw.inter_node_bytes_per_s  # each TP rank sends its slice
         self._num_hops = p - 1
@@ -235,27 +234,11 @@ class ParallelPredictor(RuntimePredictor):
 
     # ------------------------------------------------------------------ memory
 
-    def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
-        """KV tokens that fit on all TP x SPP x KVP GPUs once each KVP group holds its
-        copy of the weights and every GPU its activation reserve."""
-        if not 0.0 < gpu_memory_utilization <= 1.0:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
-            )
-        model, hw, gpus = self.model, self.hardware, self.total_gpus
-        usable = hw.memory_bytes * gpus * gpu_memory_utilization
-        weights = self.kvp_degree * model.num_params * model.bytes_per_param
-        reserve = self._reserve_per_gpu * gpus
-        free = usable - weights - reserve
-        if free <= 0.0:
-            raise ValueError(
-                f"{model.name} does not fit on {self.num_gpus} (TP) x {self.spp_degree} "
-                f"(SPP) x {self.kvp_degree} (KVP) {hw.name} at gpu_memory_utilization="
-                f"{gpu_memory_utilization}: weights {weights / 1e9:.1f} GB + activation "
-                f"reserve {reserve / 1e9:.1f} GB > usable {usable / 1e9:.1f} GB"
-            )
-        replication = max(1.0, self.num_gpus / model.num_kv_heads)
-        return int(free // (self.kv_bytes_per_token * replication))
+    def _memory_layout(self) -> tuple[int, int, str]:
+        """TP x SPP x KVP GPUs; each KVP group holds its own copy of the weights (the
+        capacity computation itself is ``RuntimePredictor.kv_capacity_tokens``)."""
+        layout = f"{self.num_gpus} (TP) x {self.spp_degree} (SPP) x {self.kvp_degree} (KVP)"
+        return self.total_gpus, self.kvp_degree, layout
 
 
 def make_predictor(

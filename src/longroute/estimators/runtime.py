@@ -103,7 +103,7 @@ class RuntimePredictor:
         self.model = model
         self.hardware = hardware
         self.num_gpus = num_gpus
-        self._activation_reserve_bytes = activation_reserve_bytes_per_gpu * num_gpus
+        self._activation_reserve_bytes_per_gpu = activation_reserve_bytes_per_gpu
         self.kv_bytes_per_token: float = (
             2.0 * model.num_kv_layers * model.num_kv_heads * model.head_dim
         ) * model.bytes_per_kv_element
@@ -282,19 +282,24 @@ class RuntimePredictor:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
             )
-        model, hw, n = self.model, self.hardware, self.num_gpus
-        usable = hw.memory_bytes * n * gpu_memory_utilization
-        weights = model.num_params * model.bytes_per_param
-        free = usable - weights - self._activation_reserve_bytes
+        model, hw = self.model, self.hardware
+        gpus, weight_copies, layout = self._memory_layout()
+        usable = hw.memory_bytes * gpus * gpu_memory_utilization
+        weights = weight_copies * model.num_params * model.bytes_per_param
+        reserve = self._activation_reserve_bytes_per_gpu * gpus
+        free = usable - weights - reserve
         if free <= 0.0:
             raise ValueError(
-                f"{model.name} does not fit on {n} x {hw.name} at gpu_memory_utilization="
+                f"{model.name} does not fit on {layout} {hw.name} at gpu_memory_utilization="
                 f"{gpu_memory_utilization}: weights {weights / 1e9:.1f} GB + activation "
-                f"reserve {self._activation_reserve_bytes / 1e9:.1f} GB > usable "
-                f"{usable / 1e9:.1f} GB"
+                f"reserve {reserve / 1e9:.1f} GB > usable {usable / 1e9:.1f} GB"
             )
-        replication = max(1.0, n / model.num_kv_heads)
+        replication = max(1.0, self.num_gpus / model.num_kv_heads)
         return int(free // (self.kv_bytes_per_token * replication))
+
+    def _memory_layout(self) -> tuple[int, int, str]:
+        """(GPUs, copies of the weights, the layout as error messages name it)."""
+        return self.num_gpus, 1, f"{self.num_gpus} x"
 
 
 def _check_at_least(name: str, value: float, minimum: float) -> None:
