@@ -26,7 +26,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,24 +168,30 @@ class Vllm:
     log_path: Path
 
 
-@pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
-    """vLLM serving the tiny model on a free loopback port, stopped after the module."""
+def serve_vllm(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str = "vllm",
+    extra_args: Sequence[str] = (),
+    preexec_fn: Callable[[], None] | None = None,
+) -> Iterator[Vllm]:
+    """vLLM serving the tiny model on a free loopback port until the generator is closed
+    (a module fixture's body); skips, or fails under CI, without the engine."""
     problem = _engine_problem()
     if problem is not None:
         if _is_required():
             pytest.fail(problem, pytrace=False)
         pytest.skip(problem)
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    log_path = tmp_path_factory.mktemp(name) / "vllm.log"
     port = free_port()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            _vllm_command(port),
+            [*_vllm_command(port), *extra_args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=_vllm_env(),
             start_new_session=True,  # its own process group, killed as a whole
+            preexec_fn=preexec_fn,
         )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -193,6 +199,12 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
         yield Vllm(url, log_path)
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
+    """vLLM serving the tiny model on a free loopback port, stopped after the module."""
+    yield from serve_vllm(tmp_path_factory)
 
 
 # ---- gateway, emulator and client --------------------------------------------------------

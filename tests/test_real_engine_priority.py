@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -38,14 +37,8 @@ from test_real_engine import (
     VLLM_MODEL,
     WORDS,
     Vllm,
-    _engine_problem,
-    _is_required,
-    _stop,
-    _vllm_command,
-    _vllm_env,
-    _wait_ready,
     async_test,
-    free_port,
+    serve_vllm,
 )
 
 pytestmark = pytest.mark.real_engine
@@ -62,30 +55,8 @@ FILLER = "value "
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
     """vLLM with priority scheduling and one seat, stopped after the module."""
-    problem = _engine_problem()
-    if problem is not None:
-        if _is_required():
-            pytest.fail(problem, pytrace=False)
-        pytest.skip(problem)
-    log_path = tmp_path_factory.mktemp("vllm-priority") / "vllm.log"
-    port = free_port()
-    command = [*_vllm_command(port), "--scheduling-policy", "priority", "--max-num-seqs", "1"]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_vllm_env(),
-            start_new_session=True,  # its own process group, killed as a whole
-            preexec_fn=_on_one_cpu,
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_ready(process, url, log_path)
-        yield Vllm(url, log_path)
-    finally:
-        _stop(process)
+    args = ("--scheduling-policy", "priority", "--max-num-seqs", "1")
+    yield from serve_vllm(tmp_path_factory, "vllm-priority", args, _on_one_cpu)
 
 
 def _on_one_cpu() -> None:
