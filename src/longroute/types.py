@@ -31,6 +31,31 @@ class SLO:
     tpot_s: float | None = None
 
 
+MAX_PROMPT_TEXT_CHARS = 8192
+"""Longest ``PromptText`` part kept: text-feature predictors read the start of a prompt."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptText:
+    """The text of a prompt, for predictors that read words (Chimera's router and length
+    predictor). ``system`` is the role's instructions, ``user`` the rest (task, history).
+
+    Each part is cut to ``MAX_PROMPT_TEXT_CHARS`` characters at construction, so a hostile
+    client cannot make a router featurise megabytes.
+    """
+
+    system: str = ""
+    user: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("system", "user"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise TypeError(f"PromptText.{name} must be a string, got {type(value).__name__}")
+            if len(value) > MAX_PROMPT_TEXT_CHARS:
+                object.__setattr__(self, name, value[:MAX_PROMPT_TEXT_CHARS])
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One attempt of one user request, as a router sees it.
@@ -40,6 +65,12 @@ class Request:
     prefix of ``(i + 1) * block_size_tokens`` tokens.
     ``num_output_tokens`` is the expected output length (the true length in the
     simulator; a prediction or ``max_tokens`` in the gateway).
+
+    Agent workflows: ``program_id`` names the workflow execution, ``stage`` its
+    1-based step, ``workflow`` its kind (e.g. ``"apps/planner-coder"``) and
+    ``prompt`` the text predictors read. ``priority`` is the scheduling key a
+    router attached at dispatch (lower is served first, as vLLM's ``priority``;
+    Chimera's predicted remaining output tokens); ``None`` leaves the engine's order.
     """
 
     request_id: str
@@ -54,6 +85,9 @@ class Request:
     session_id: str | None = None
     program_id: str | None = None
     stage: int | None = None
+    workflow: str | None = None
+    prompt: PromptText | None = None
+    priority: float | None = None
     slo: SLO | None = None
     attempt: int = 1
     tried_endpoints: tuple[str, ...] = ()
@@ -157,3 +191,7 @@ class RouteDecision:
     scores: Mapping[str, float] = field(default_factory=dict)
     score_meaning: str = ""
     reason: str = ""
+    priority: float | None = None
+    """Scheduling key for the chosen endpoint's queue (lower first), e.g. Chimera's
+    predicted remaining workflow output tokens; the owner writes it into the request it
+    dispatches. ``None``: the router has no opinion."""

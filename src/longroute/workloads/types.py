@@ -11,9 +11,53 @@ timestamp) and share a ``conversation_id`` (see
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from longroute.types import SLO, Language
+from longroute.types import SLO, Language, PromptText
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStage:
+    """One stage of an agent workflow (Chimera's ``r = (p, i, x_r, meta)``), with its truth.
+
+    The session is the workflow execution (its id is the ``program_id``); turn k is stage
+    ``stage`` = k + 1 of ``num_stages``. What depends on the model that serves a stage is
+    given per model and resolved by the simulator after routing:
+
+    * ``output_tokens_by_model[m]``: this stage's output length if ``m`` serves it;
+    * ``is_correct_by_model[m]``: whether the workflow's final answer is right when ``m``
+      produces it (the same on every stage of a workflow; the simulator judges the
+      final stage's model, Chimera's S_p "score of the final output").
+
+    The turn's ``num_prompt_tokens`` counts the role's system prompt and the user part
+    before any history; the simulator adds the outputs of the earlier stages (what the
+    stage reads as context) when it issues the stage. ``num_system_tokens`` is the
+    system prompt's share. ``difficulty`` (1 = easiest) is for reports, not routing.
+    """
+
+    workflow: str
+    dataset: str
+    role: str
+    stage: int
+    num_stages: int
+    prompt: PromptText
+    num_system_tokens: int
+    output_tokens_by_model: Mapping[str, int]
+    is_correct_by_model: Mapping[str, bool]
+    difficulty: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.stage <= self.num_stages:
+            raise ValueError(f"stage must be in [1, {self.num_stages}], got {self.stage}")
+        if set(self.output_tokens_by_model) != set(self.is_correct_by_model):
+            raise ValueError("output_tokens_by_model and is_correct_by_model name other models")
+        if any(n < 1 for n in self.output_tokens_by_model.values()):
+            raise ValueError("every output length must be >= 1 token")
+
+    @property
+    def is_final(self) -> bool:
+        return self.stage == self.num_stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +70,7 @@ class Turn:
     task: str | None = None
     model: str | None = None
     slo: SLO | None = None
+    agent: AgentStage | None = None
 
 
 @dataclass(frozen=True, slots=True)
