@@ -14,6 +14,7 @@ from longroute.routing import ROUTERS, NoCandidateError, Router
 from longroute.routing.fleet_view import FleetView
 from longroute.routing.session_affinity import stable_hash64
 from longroute.types import Endpoint, Request
+from chimera_fakes import FixedConfidence, FixedLength, PromptRanker
 
 BUILTIN = [
     "least-load",
@@ -25,12 +26,24 @@ BUILTIN = [
     "laar",
     "load-aware",
     "gorgo",
+    "vllm-lb",
+    "mlfq",
+    "ltr",
+    "oracle-stjf",
+    "oracle-sjf",
+    "chimera",
 ]
 # routers that cannot work without parameters, and what the contract tests give them
 REQUIRED_PARAMS: dict[str, dict[str, object]] = {
     "laar": {
         "capability": CapabilityModel((4096,), {"m": ModelCoefficients(intercept=0.0)}),
         "seconds_per_token": {"m": 1e-4},
+    },
+    "ltr": {"ranker": PromptRanker()},
+    "chimera": {
+        "confidence": FixedConfidence({"m": 0.5}),
+        "length": FixedLength(("m",)),
+        "seconds_per_token_by_model": {"m": 1e-3},
     },
 }
 

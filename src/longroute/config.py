@@ -156,6 +156,38 @@ class CapabilityConfig(_Model):
         return self
 
 
+class WorkflowPredictorsConfig(_Model):
+    fit_workload: CapabilityWorkloadConfig | None = Field(
+        None,
+        description="Offline measurement: every workflow of this generated workload is run "
+        "entirely on every model of the fleet; Chimera's confidence model, remaining-length "
+        "forest and LTR's ranker are fitted on those outcomes.",
+    )
+    seed: int = Field(
+        1_000_003,
+        ge=0,
+        description="Seed of the fit workload and of the fits: fixed, so every run and seed "
+        "of a sweep uses the same trained predictors (trained once offline, as in the paper) "
+        "and never the evaluation workload's draws.",
+    )
+    confidence: str | None = Field(
+        None, description="Confidence model file (`longroute fit confidence`) instead of fitting."
+    )
+    length: str | None = Field(
+        None, description="Remaining-length model file (`longroute fit length`) instead."
+    )
+    ranker: str | None = Field(None, description="LTR ranker file (`longroute fit ltr`) instead.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkflowPredictorsConfig:
+        files = (self.confidence, self.length, self.ranker)
+        if self.fit_workload is None and all(f is None for f in files):
+            raise ValueError("give 'fit_workload' or model files (confidence, length, ranker)")
+        if self.fit_workload is not None and any(f is not None for f in files):
+            raise ValueError("give either 'fit_workload' or model files, not both")
+        return self
+
+
 class WindowConfig(_Model):
     name: str = Field(description="Window name, shown in reports (e.g. full, half, third).")
     load_scale: float = Field(
@@ -280,6 +312,11 @@ class ScenarioConfig(_Model):
         None,
         description="Capability model Q(m,x) for routers that need one (laar); "
         "None = such routers cannot run in this scenario.",
+    )
+    workflow_predictors: WorkflowPredictorsConfig | None = Field(
+        None,
+        description="Chimera's predictors (confidence, remaining output length) and LTR's "
+        "ranker for routers that need them; None = such routers cannot run here.",
     )
     windows: list[WindowConfig] | None = Field(
         None,

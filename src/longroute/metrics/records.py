@@ -17,7 +17,10 @@ class RequestRecord:
     reached the client (network delay included). ``query_id`` names the user
     question an attempt belongs to (retries of one question share it; ``None``
     means the request is its own query); ``is_correct`` is the checked answer,
-    ``None`` where correctness is not modelled.
+    ``None`` where correctness is not modelled. Agent workflows: ``program_id``
+    and ``stage`` name the workflow and the step (only the final stage is
+    judged); ``queue_s`` is the time the request waited in the engine's queue
+    before its first chunk was scheduled (simulator only; ``None`` elsewhere).
     """
 
     request_id: str
@@ -38,6 +41,9 @@ class RequestRecord:
     slo: SLO | None = None
     query_id: str | None = None
     is_correct: bool | None = None
+    program_id: str | None = None
+    stage: int | None = None
+    queue_s: float | None = None
 
     @property
     def ttft_s(self) -> float:

@@ -20,6 +20,11 @@ BUILTIN_ROUTER_MODULES = (
     "longroute.routing.prefix_cache",
     "longroute.routing.laar",
     "longroute.routing.gorgo",
+    "longroute.routing.vllm_lb",
+    "longroute.routing.mlfq",
+    "longroute.routing.ltr",
+    "longroute.routing.oracle_stjf",
+    "longroute.routing.chimera",
 )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -34,6 +35,7 @@ from longroute.sim.clients import ClientSpec, CorrectnessSpec, query_languages
 from longroute.sim.laar_fit import build_capability, build_oracle, check_table_covers
 from longroute.sim.network import Network
 from longroute.sim.simulator import EngineOptions, SimResult, Simulation
+from longroute.sim.workflow_fit import build_workflow_predictors, predictor_kinds
 from longroute.types import SLO, Endpoint
 from longroute.workloads.registry import WORKLOADS
 from longroute.workloads.traces import load_trace
@@ -194,9 +196,21 @@ def resolve_routers(config: ScenarioConfig, routers: list[str] | None = None) ->
         names = list(routers or config.routers or [])
     else:
         names = [
-            n for n in ROUTERS.names() if not needs_capability(n) or _has_capability(config, n)
+            n
+            for n in ROUTERS.names()
+            if (not needs_capability(n) or _has_capability(config, n))
+            and (not predictor_kinds(n) or config.workflow_predictors is not None)
+            and getattr(ROUTERS.get(n), "priority_oracle", None) is None
         ]
     for name in names:
+        if predictor_kinds(name) and config.workflow_predictors is None:
+            given = config.router_params.get(name, {})
+            if not all(kind in given for kind in predictor_kinds(name)):
+                raise ConfigError(
+                    f"router {name!r} needs {' and '.join(predictor_kinds(name))} model(s), but "
+                    f"scenario {config.name!r} has no `workflow_predictors` section (add one "
+                    "with fit_workload or model files)"
+                )
         if needs_capability(name):
             if not _has_capability(config, name):
                 raise ConfigError(
@@ -275,12 +289,14 @@ def run_scenario(
         models = sorted({e.model for e in endpoints})
         oracle = correctness.oracle if correctness is not None else None
         capability = build_capability(config.capability, oracle, models, seed)
+    workflow_models = _workflow_models(config, names, endpoints)
     results: dict[str, SimResult] = {}
     for name in names:
         # each router gets its own streams, derived from the seed and its name only
         salt = zlib.crc32(name.encode())
         is_given = capability is not None and needs_capability(name)
-        extra = {"capability": capability} if is_given else {}
+        extra: dict[str, Any] = {"capability": capability} if is_given else {}
+        extra.update({k: workflow_models[k] for k in predictor_kinds(name) if k in workflow_models})
         router = ROUTERS.build(
             name, config.router_params.get(name), rng=random.Random(seed ^ salt), **extra
         )
@@ -304,6 +320,18 @@ def run_scenario(
             on_router_done(name)
     max_attempts = correctness.max_attempts if correctness is not None else None
     return ScenarioRun(config, seed, workload, results, max_attempts, capability)
+
+
+def _workflow_models(
+    config: ScenarioConfig, names: list[str], endpoints: list[Endpoint]
+) -> dict[str, Any]:
+    """The workflow predictors the routers ask for (fitted once per process), maybe none."""
+    section = config.workflow_predictors
+    kinds = sorted({k for n in names for k in predictor_kinds(n)})
+    if section is None or not kinds:
+        return {}
+    models = sorted({e.model for e in endpoints})
+    return build_workflow_predictors(section, models, kinds)
 
 
 def _run_engines(

@@ -37,6 +37,7 @@ class Sequence:
         "num_preemptions",
         "num_private_alloc_tokens",
         "num_prompt_tokens",
+        "queue_s",
         "request",
         "tag",
         "target_tokens",
@@ -58,6 +59,7 @@ class Sequence:
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.first_token_s: float | None = None
+        self.queue_s: float | None = None  # arrival to first scheduled chunk
         self.is_aborted = False
         # while decoding, progress is implicit: computed = base_computed + step - base_step
         self.base_step = 0

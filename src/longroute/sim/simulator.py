@@ -38,6 +38,7 @@ from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
 from longroute.sim.network import Network
 from longroute.sim.sequence import Sequence as EngineSeq
+from longroute.sim.workflows import WorkflowTracker, judge, resolve
 from longroute.types import SLO, Endpoint, Request
 from longroute.workloads.types import Session, Workload
 
@@ -131,6 +132,9 @@ class Simulation:
         self.observers = tuple(observers)
         self.router_name: str = router_name or str(getattr(router, "name", type(router).__name__))
         self._rng = random.Random(seed)
+        self._workflows = WorkflowTracker()
+        # an oracle router's requests carry true lengths as priority (sim.workflows.resolve)
+        self._priority_oracle: str | None = getattr(router, "priority_oracle", None)
         base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
         self.fleet = FleetView(
             endpoints,
@@ -221,6 +225,16 @@ class Simulation:
     def _issue(self, item: tuple[Session, int, int | None], _: object) -> None:
         session, turn_index, user = item
         turn = session.turns[turn_index]
+        if turn.agent is not None:
+            request = self._workflows.request(
+                session,
+                turn_index,
+                self.loop.now_s,
+                self.workload.block_size_tokens,
+                self.default_slo,
+            )
+            self._dispatch(request, session, turn_index, user)
+            return
         request = Request(
             request_id=f"{session.session_id}:{turn_index}",  # = query_id_of(...), inlined
             arrival_s=self.loop.now_s,
@@ -256,15 +270,26 @@ class Simulation:
             self._num_rejected += 1
             if len(self._rejections) < MAX_REJECTION_REASONS:
                 self._rejections.append(str(exc))
+            self._workflows.forget(session)
             if user is not None:
                 self._start_next_session(user, now_s + self.clients.think_time_s)
             return
         name = decision.endpoint
+        endpoint = self.fleet.endpoint(name)
+        is_agent = session.turns[turn_index].agent is not None
+        if is_agent or decision.priority is not None or self._priority_oracle is not None:
+            request = resolve(
+                request,
+                session,
+                turn_index,
+                endpoint.model,
+                decision.priority,
+                self._priority_oracle,
+            )
         self.fleet.record_dispatch(request, name, now_s)
         self.router.on_dispatch(request, name, now_s)
         for observer in self.observers:
             observer.on_dispatch(request, name, now_s)
-        endpoint = self.fleet.endpoint(name)
         rtt_s = self.network.sample_rtt_s(endpoint.region)
         flight = _Flight(request, session, turn_index, name, rtt_s, user)
         self.loop.at(now_s + rtt_s / 2, self._reach_engine, flight, None)
@@ -305,6 +330,10 @@ class Simulation:
             query_id, is_correct = check_answer(
                 spec.oracle, flight.session, flight.turn_index, endpoint.model, request.attempt
             )
+        elif request.program_id is not None:
+            self._workflows.finish(flight.session, flight.turn_index, request.num_output_tokens)
+            is_correct = judge(flight.session, flight.turn_index, endpoint.model)
+            query_id = None if is_correct is None else request.program_id
         record = RequestRecord(
             request_id=request.request_id,
             session_id=request.session_id,
@@ -324,6 +353,9 @@ class Simulation:
             slo=request.slo,
             query_id=query_id,
             is_correct=is_correct,
+            program_id=request.program_id,
+            stage=request.stage,
+            queue_s=seq.queue_s,
         )
         self._records.append(record)
         for observer in self.observers:

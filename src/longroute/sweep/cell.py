@@ -26,10 +26,11 @@ TTCA_METRICS = ("mean_s", "p50_s", "p95_s", "final_success", "num_censored")
 
 
 def known_metrics() -> list[str]:
-    """Every metric a cell can report: the summary keys, then the ``ttca_*`` ones."""
+    """Every metric a cell can report: the summary keys, the ``ttca_*`` and ``wf_*`` ones."""
     from longroute.metrics.summary import SUMMARY_KEYS
+    from longroute.metrics.workflows import WORKFLOW_KEYS
 
-    return [*SUMMARY_KEYS, *(f"ttca_{k}" for k in TTCA_METRICS)]
+    return [*SUMMARY_KEYS, *(f"ttca_{k}" for k in TTCA_METRICS), *WORKFLOW_KEYS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +112,10 @@ def execute_cell(cell: Cell) -> CellResult:
 
 
 def simulate_cell(cell: Cell) -> Metrics:
-    """The cell's summary metrics (``summarize`` keys, plus ``ttca_*`` with answer checking)."""
+    """The cell's summary metrics (``summarize`` keys, plus ``ttca_*`` with answer checking
+    and ``wf_*`` for agent workflows)."""
     from longroute.metrics.summary import summarize
+    from longroute.metrics.workflows import has_workflows, summarize_workflows
     from longroute.sim.scenario import run_scenario
 
     run = run_scenario(cell.config, seed=cell.run_seed, routers=[cell.router])
@@ -123,6 +126,8 @@ def simulate_cell(cell: Cell) -> Metrics:
         values = ttca.to_dict()
         for key in TTCA_METRICS:
             metrics[f"ttca_{key}"] = values[key]
+    if has_workflows(result.records):
+        metrics.update(summarize_workflows(result.records))
     return metrics
 
 

@@ -24,12 +24,13 @@ from longroute.sweep.runner import SweepRun
 from longroute.sweep.stats import Estimate, PairedRatio, median_estimate, paired_ratio
 
 SCHEMA = "longroute.sweep/1"
-_HIGHER_IS_BETTER = ("throughput", "cache_hit", "slo_attainment", "success")
+_HIGHER_IS_BETTER = ("throughput", "cache_hit", "slo_attainment", "success", "task_score")
 Setting = tuple[str, str | None, float, str]
 
 
 def is_lower_better(metric: str) -> bool:
-    """Latencies, counts and TTCA: lower is better; throughput, hit ratios, success: higher."""
+    """Latencies, counts and TTCA: lower is better; throughput, hit ratios, success and
+    task scores: higher."""
     return not any(word in metric for word in _HIGHER_IS_BETTER)
 
 
