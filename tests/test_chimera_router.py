@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from chimera_fakes import FixedConfidence, FixedLength, PromptRanker
 
+from chimera_fakes import FixedConfidence, FixedLength, PromptRanker
 from longroute.routing import ROUTERS
 from longroute.routing.chimera import ChimeraRouter
 from longroute.routing.fleet_view import FleetView, NoCandidateError

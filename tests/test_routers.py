@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import pytest
 
+from chimera_fakes import FixedConfidence, FixedLength, PromptRanker
 from longroute.estimators.capability import CapabilityModel, ModelCoefficients
 from longroute.registry import RegistryError
 from longroute.routing import ROUTERS, NoCandidateError, Router
 from longroute.routing.fleet_view import FleetView
 from longroute.routing.session_affinity import stable_hash64
 from longroute.types import Endpoint, Request
-from chimera_fakes import FixedConfidence, FixedLength, PromptRanker
 
 BUILTIN = [
     "least-load",
