@@ -192,3 +192,13 @@ def test_mlfq_demotes_a_workflow_as_its_attained_output_doubles() -> None:
 def test_ltr_uses_the_rankers_score_as_priority() -> None:
     router = ROUTERS.build("ltr", {"ranker": PromptRanker()})
     assert router.route(req("a", prompt=123), fleet(), 0.0).priority == 123.0
+
+
+def test_queue_priority_orders_requests_before_routing() -> None:
+    router = chimera({"small": 0.3, "big": 0.9})
+    # not yet assigned: the least ŷ over models (small: 100)
+    assert router.queue_priority(req("a", "p1")) == 100.0
+    router.route(req("a", "p1"), fleet(), 0.0)  # p1 -> big
+    assert router.queue_priority(req("b", "p1", 2)) == 200.0
+    assert ROUTERS.build("ltr", {"ranker": PromptRanker()}).queue_priority(req("x", prompt=7)) == 7
+    assert MlfqRouter().queue_priority(req("y", "p")) == 0.0

@@ -159,6 +159,15 @@ class ChimeraRouter(BaseRouter):
             priority=y_hat,
         )
 
+    def queue_priority(self, request: Request) -> float:
+        """ŷ to order a waiting request before it is routed (the gateway's admission queue):
+        on the workflow's model if it has one, else the least over the models the length
+        model knows (the model is not chosen yet; optimistic, as SJF on a lower bound)."""
+        program = request.program_id
+        model = self._programs.get(program) if program is not None else None
+        models = (model,) if model is not None else self.length.models
+        return max(1.0, min(float(self.length.predict(request, m)) for m in models))
+
     def _choose(
         self,
         request: Request,

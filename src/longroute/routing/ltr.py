@@ -48,9 +48,13 @@ class LtrRouter(VllmLoadBalancer):
             ranker = load_ranker(Path(ranker))
         self.ranker: LengthScorer = ranker
 
+    def queue_priority(self, request: Request) -> float:
+        """The rank score, to order a request waiting in the gateway before it is routed."""
+        return float(self.ranker.score(request))
+
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision:
         decision = super().route(request, fleet, now_s)
-        score = float(self.ranker.score(request))
+        score = self.queue_priority(request)
         return RouteDecision(
             endpoint=decision.endpoint,
             scores=decision.scores,

@@ -66,6 +66,11 @@ class MlfqRouter(VllmLoadBalancer):
         raw = math.floor(math.log2(1.0 + attained_tokens / self.quantum_tokens))
         return min(self.num_levels - 1, raw)
 
+    def queue_priority(self, request: Request) -> float:
+        """The workflow's level, to order a request waiting in the gateway before routing."""
+        program = request.program_id
+        return float(self.level(self._attained.get(program, 0) if program is not None else 0))
+
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision:
         decision = super().route(request, fleet, now_s)
         program = request.program_id
