@@ -30,6 +30,7 @@ round; under KVP round times sum per sequence (:mod:`longroute.sim.parallel_engi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from longroute.estimators.runtime import RuntimePredictor
@@ -82,6 +83,10 @@ class EngineModel:
         self.packer = packer
         # a slack policy (EDF, LRS, LARS) re-orders prefills in progress every iteration
         self._is_preemptive = bool(getattr(queue, "is_preemptive", False))
+        # an aging policy (stjf) counts scheduling rounds: it is told the iteration count
+        self._observe_iterations: Callable[[int, float], None] | None = getattr(
+            queue, "observe_iterations", None
+        )
         self.kv = KvMemory(
             predictor.kv_capacity_tokens(endpoint.gpu_memory_utilization),
             endpoint.block_size_tokens,
@@ -114,6 +119,8 @@ class EngineModel:
                 f"{cache_block_tokens}-token blocks"
             )
         seq = Sequence(request, now_s, tag)
+        if self._observe_iterations is not None and self._stretch is not None:
+            self._observe_mid_stretch(now_s)
         self.queue.push(seq, now_s)
         if not self._is_busy:
             self._step(now_s)
@@ -216,6 +223,8 @@ class EngineModel:
 
     def _step(self, now_s: float) -> None:
         """Form and launch the next iteration (or go idle)."""
+        if self._observe_iterations is not None:
+            self._observe_iterations(self.num_iterations, now_s)
         if self.draining:
             start_decoding_drained(self, now_s)
         self.packer.begin(now_s)
@@ -300,6 +309,14 @@ class EngineModel:
         self._stretch = (t0, num_new, batch, ctx)
         t_end = t0 + self.predictor.decode_stretch_time_s(batch, ctx, num_new)
         self.loop.at(t_end, self._on_stretch_end, self._version)
+
+    def _observe_mid_stretch(self, now_s: float) -> None:
+        """Tell an aging queue the iterations done so far, as stepping would have: a
+        request that arrives mid-stretch is passed over only by the iterations after it."""
+        assert self._stretch is not None and self._observe_iterations is not None
+        t0, num_steps, batch, ctx = self._stretch
+        num_done, _ = self.predictor.decode_steps_within(batch, ctx, now_s - t0, num_steps)
+        self._observe_iterations(self.num_iterations + num_done, now_s)
 
     def _on_stretch_end(self, version: int, _: object) -> None:
         if version != self._version or self._stretch is None:
