@@ -216,6 +216,7 @@ class EngineModel:
         if n and kv.reserve(seq, n):
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_computed_tokens
+                seq.queue_s = self.loop.now_s - seq.arrival_s
             return n
         kv.release(seq)
         seq.num_computed_tokens = 0
