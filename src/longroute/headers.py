@@ -10,6 +10,17 @@ Requests may carry:
 * ``x-longroute-ttft-slo-ms: 500``: the request's TTFT objective, the deadline
   of the gateway's slack policies (its EDF queue, the priority sent to backends).
 
+Agent workflows (Chimera, docs/gateway.md "Agent workflows"):
+
+* ``x-longroute-program-id: run-42``: the workflow execution the request is a
+  stage of; every stage with the same id goes to the model chosen for its first
+  (1 to 128 printable ASCII characters);
+* ``x-longroute-stage: 2``: the stage's 1-based number (an integer from 1 to 64);
+* ``x-longroute-workflow: apps/planner-coder``: the workflow's kind, a feature of
+  the remaining-length predictor (1 to 128 printable ASCII characters).
+
+A malformed value of any of them is answered 400 naming the header.
+
 Gateway responses name the backend and model chosen in
 ``x-longroute-endpoint`` and ``x-longroute-model``.
 """
@@ -21,5 +32,8 @@ TASK_HEADER = "x-longroute-task"
 TRIED_HEADER = "x-longroute-tried"
 ATTEMPT_HEADER = "x-longroute-attempt"
 TTFT_SLO_HEADER = "x-longroute-ttft-slo-ms"
+PROGRAM_ID_HEADER = "x-longroute-program-id"
+STAGE_HEADER = "x-longroute-stage"
+WORKFLOW_HEADER = "x-longroute-workflow"
 ENDPOINT_HEADER = "x-longroute-endpoint"
 MODEL_HEADER = "x-longroute-model"

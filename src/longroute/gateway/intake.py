@@ -6,10 +6,12 @@ prompt text (a constant-size sample of its end, some 30 us; None for prompts
 given as token ids; the role names of the neutral chat template fall in the
 sample, a few Latin letters that never outvote three East-Asian characters),
 ``task`` from the ``x-longroute-task`` header or else the config's
-``default_task``; ``slo`` from ``x-longroute-ttft-slo-ms`` (a TTFT objective).
+``default_task``; ``slo`` from ``x-longroute-ttft-slo-ms`` (a TTFT objective);
+``program_id``, ``stage`` and ``workflow`` from the workflow headers and, for
+routers with ``workflow_predictors``, ``prompt`` (:mod:`longroute.gateway.workflow`).
 
-:class:`ContextReuse` rewrites chat requests that carry ``documents`` (when
-``context_reuse.enabled``), before the Request is built from the new prompt.
+Chat requests that carry ``documents`` are rewritten before the Request is built
+(:class:`~longroute.gateway.context_reuse.ContextReuse`, re-exported here).
 """
 
 from __future__ import annotations
@@ -17,36 +19,23 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from longroute.clock import Clock
-from longroute.context import ContextPilot, ContextRequest
 from longroute.features.language import detect_language
 from longroute.gateway.backends import Backend
-from longroute.gateway.config import ContextReuseConfig, GatewayConfig
-from longroute.gateway.context_prompt import (
-    ConversationTurns,
-    TurnRecord,
-    document_block,
-    render_context,
-    with_context,
-)
+from longroute.gateway.config import GatewayConfig
+from longroute.gateway.context_reuse import ContextReuse, ModelContext
 from longroute.gateway.errors import GatewayError, bad_request
-from longroute.gateway.metrics import GatewayMetrics
-from longroute.gateway.parse import (
-    CONTEXT_FIELDS,
-    MAX_MODEL_CHARS,
-    ContextFields,
-    ParsedBody,
-    parse_context_fields,
-)
+from longroute.gateway.parse import MAX_MODEL_CHARS, ROUTE_CHAT, ParsedBody
 from longroute.gateway.priority import ttft_slo
-from longroute.gateway.prompt import chat_prompt_text, text_features, token_features
+from longroute.gateway.prompt import text_features, token_features
+from longroute.gateway.workflow import prompt_text, workflow_fields
 from longroute.headers import SESSION_HEADER, TASK_HEADER, TRIED_HEADER
 from longroute.types import Request
+
+__all__ = ["ContextReuse", "Job", "ModelContext", "RequestBuilder", "authorize", "tried_models"]
 
 MAX_TRIED_MODELS = 32
 MAX_TASK_CHARS = 64
@@ -125,7 +114,9 @@ class RequestBuilder:
     ``is_hashing``: compute prefix block hashes (about 0.7 us per block); the
     gateway turns it on only for routers that use the prefix index.
     ``is_detecting_language``: fill ``language`` (a few us); on only for
-    routers that read it (``needs_language``).
+    routers that read it (``needs_language``). ``is_reading_text``: fill ``prompt``
+    (system and user text, O(prompt) up to 8 KiB per part); on only for routers
+    with ``workflow_predictors``.
     """
 
     def __init__(
@@ -135,6 +126,7 @@ class RequestBuilder:
         *,
         is_hashing: bool,
         is_detecting_language: bool = True,
+        is_reading_text: bool = False,
     ) -> None:
         self.block_size_tokens = config.block_size_tokens
         self.chars_per_token = config.chars_per_token
@@ -142,10 +134,17 @@ class RequestBuilder:
         self.default_task = config.default_task
         self.is_hashing = is_hashing
         self.is_detecting_language = is_detecting_language
+        self.is_reading_text = is_reading_text
         self._clock = clock
         self._ids = itertools.count(1)
 
-    def build(self, parsed: ParsedBody, model: str, headers: Mapping[str, str]) -> Request:
+    def build(
+        self,
+        parsed: ParsedBody,
+        model: str,
+        headers: Mapping[str, str],
+        route: str = ROUTE_CHAT,
+    ) -> Request:
         language = None
         if parsed.prompt_token_ids is not None:
             features = token_features(
@@ -165,6 +164,7 @@ class RequestBuilder:
         task = _bounded_header(headers, TASK_HEADER, MAX_TASK_CHARS)
         session = _bounded_header(headers, SESSION_HEADER, MAX_SESSION_CHARS)
         max_tokens = parsed.max_output_tokens or self.default_max_tokens
+        flow = workflow_fields(headers)
         return Request(
             request_id=f"gw-{next(self._ids)}",
             arrival_s=self._clock.now_s(),
@@ -176,6 +176,10 @@ class RequestBuilder:
             language=language,
             task=task or self.default_task,
             session_id=session or parsed.user,
+            program_id=flow.program_id,
+            stage=flow.stage,
+            workflow=flow.workflow,
+            prompt=prompt_text(parsed, route) if self.is_reading_text else None,
             attempt=1 + len(tried),
             tried_models=tried,
             slo=ttft_slo(headers),
@@ -203,116 +207,3 @@ def _bounded_header(headers: Mapping[str, str], name: str, max_chars: int) -> st
     if len(value) > max_chars:
         raise bad_request(f"header {name} is longer than {max_chars} characters")
     return value or None
-
-
-class ModelContext:
-    """One served model's context state: its pilot, indexed request ids, conversations."""
-
-    __slots__ = ("indexed", "next_id", "pilot", "turns")
-
-    def __init__(self, config: ContextReuseConfig) -> None:
-        self.pilot = ContextPilot(
-            is_reordering=config.reorder_enabled,
-            is_dedup=config.dedup_enabled,
-            max_conversations=config.max_conversations,
-        )
-        self.indexed: deque[str] = deque()  # oldest first
-        self.next_id = itertools.count(1)
-        self.turns = ConversationTurns(config.max_conversations)
-
-
-class ContextReuse:
-    """Plans chat requests that carry ``documents``: one ContextPilot per served model.
-
-    Called by the completion handler once per request, after the model is
-    resolved and before the router's Request is built (:meth:`apply`). A
-    request's documents become blocks (:func:`document_block`), the model's
-    pilot orders them after what earlier requests were sent and, within a
-    conversation, replaces those an earlier turn showed; the rendered prompt
-    (:mod:`longroute.gateway.context_prompt`) replaces the messages and the
-    extension fields are removed, so backends never see them.
-
-    Memory is bounded per model: the index holds the last
-    ``max_indexed_requests`` planned requests (the oldest is evicted first, as
-    an LRU prefix cache would drop it), and ``max_conversations`` conversations
-    are kept (least recently used forgotten). Cost: O(body) to re-serialise,
-    plus the pilot's O(k * h) insert for k documents.
-    """
-
-    def __init__(self, config: ContextReuseConfig, metrics: GatewayMetrics) -> None:
-        self.config = config
-        self.metrics = metrics
-        self._models: dict[str, ModelContext] = {}
-
-    def model_context(self, model: str) -> ModelContext:
-        """The state of ``model`` (a served model, or ``auto`` for requests routed to any)."""
-        state = self._models.get(model)
-        if state is None:
-            state = self._models[model] = ModelContext(self.config)
-        return state
-
-    def apply(
-        self, raw: bytes, parsed: ParsedBody, route: str, model: str
-    ) -> tuple[bytes, ParsedBody]:
-        """The bytes and parsed body to forward; ``raw``/``parsed`` as they are without
-        ``documents``. Raises a 400 GatewayError for a malformed extension."""
-        fields = parse_context_fields(parsed.body, route, self.config.max_documents)
-        if fields is None:
-            return raw, parsed
-        messages: list[dict[str, object]] = list(parsed.body["messages"])
-        user_index = _last_user_index(messages)
-        if user_index is None and fields.documents:
-            raise bad_request("'documents' need a user message in 'messages'", "messages")
-        bound = len(messages) if user_index is None else user_index
-        state = self.model_context(model)
-        records: tuple[TurnRecord, ...] = ()
-        cid = fields.conversation_id
-        if cid is not None:
-            history = state.turns.match(cid, messages, bound)
-            if not history.is_intact:  # the prompt no longer shows all it was shown
-                state.pilot.forget_conversation(cid)
-            records = history.records
-            for record in records:
-                messages[record.message_index] = {
-                    **messages[record.message_index],
-                    "content": record.rendered,
-                }
-        if user_index is not None and fields.documents:
-            message = messages[user_index]
-            original = message.get("content")
-            rendered = with_context(original, self._plan(state, fields))
-            messages[user_index] = {**message, "content": rendered}
-            records = (*records, TurnRecord(user_index, original, rendered))
-        if cid is not None:
-            state.turns.store(cid, records)
-        body = {k: v for k, v in parsed.body.items() if k not in CONTEXT_FIELDS}
-        body["messages"] = messages
-        rewritten = replace(parsed, body=body, prompt_text=chat_prompt_text(messages))
-        return json.dumps(body).encode(), rewritten
-
-    def _plan(self, state: ModelContext, fields: ContextFields) -> str:
-        """Plan one turn's documents with the model's pilot; the rendered context."""
-        documents = {document_block(d): d for d in fields.documents}
-        if len(documents) != len(fields.documents):  # 2^-63 per pair; never silently drop one
-            raise bad_request("two documents map to the same block id; rename one", "documents")
-        blocks = tuple(documents)
-        request_id = f"ctx-{next(state.next_id)}"
-        plan = state.pilot.plan(ContextRequest(request_id, blocks, fields.conversation_id))
-        if request_id in state.pilot.index:
-            state.indexed.append(request_id)
-            if len(state.indexed) > self.config.max_indexed_requests:
-                state.pilot.evict(state.indexed.popleft())
-        metrics = self.metrics
-        metrics.context_requests.inc()
-        metrics.context_documents.inc(len(blocks))
-        metrics.context_deduplicated.inc(len(plan.removed))
-        if plan.order_annotation is not None:
-            metrics.context_reordered.inc()
-        return render_context(blocks, plan.items, documents)
-
-
-def _last_user_index(messages: list[dict[str, object]]) -> int | None:
-    for index in range(len(messages) - 1, -1, -1):
-        if messages[index].get("role") == "user":
-            return index
-    return None
