@@ -14,8 +14,23 @@ default), so a burst for one model cannot block another. Whenever a slot
 frees or health changes, :meth:`Admission.wake` serves queue heads, the
 earliest-arrived servable head first, until no head can be served. A head
 with no eligible backend left fails at once rather than waiting. Timed-out
-and cancelled waiters are dropped lazily when they reach the head (O(1)
-each); ``num_waiting`` counts only live ones.
+and cancelled waiters leave an FCFS queue lazily when they reach its head
+(O(1) each; they time out in arrival order anyway) and any other queue at
+once (``remove``, O(log n) or better), since a priority order may never bring
+them to the head; ``num_waiting`` counts only live ones.
+
+Priorities (Chimera, LTR, MLFQ): a router with ``queue_priority(request)``
+gives a request that has to wait its scheduling key (Chimera: ŷ, the predicted
+remaining output of its workflow) before it is queued, so the ``priority`` and
+``stjf`` queue policies serve waiting requests shortest (total) job first.
+Aging: a queue with ``observe_iterations`` (``stjf``) is told of every
+*scheduling round*, one grant of a waiting request from that queue, so a
+request passed over ``starvation_threshold`` times is promoted ahead of
+every shorter one. Requests granted without waiting pass no one over and
+count no round. Whatever the queue, the request a grant dispatches
+(:attr:`Grant.request`: recorded in the fleet view, given to the router's
+``on_dispatch`` and sent on by the proxy) carries the routing decision's
+``priority`` (Chimera: ŷ on the chosen model, its in-flight volume).
 
 Called by the proxy: :meth:`acquire` before each attempt, :meth:`first_byte`
 when the backend's first byte arrives, :meth:`finish` when the attempt ends.
@@ -24,9 +39,11 @@ when the backend's first byte arrives, :meth:`finish` when the attempt ends.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from longroute.clock import Clock
 from longroute.queueing import QUEUE_POLICIES, QueuePolicy
@@ -45,25 +62,43 @@ class QueueTimeoutError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """A slot on ``endpoint``, taken for one attempt; give it back with ``finish``."""
+    """A slot on ``endpoint``, taken for one attempt; give it back with ``finish``.
+
+    ``request`` is the request as dispatched: the one asked for, with the
+    decision's ``priority``; pass it to ``first_byte`` and ``finish``."""
 
     endpoint: str
     decision: RouteDecision
     decision_s: float
+    request: Request
 
 
 class _Waiter:
-    __slots__ = ("arrival_s", "excluded", "future", "is_waiting", "request", "timer")
+    __slots__ = ("arrival_s", "excluded", "future", "is_waiting", "key", "request", "timer")
 
     def __init__(
-        self, request: Request, excluded: Collection[str], future: asyncio.Future[Grant]
+        self, request: Request, key: str, excluded: Collection[str], future: asyncio.Future[Grant]
     ) -> None:
         self.request = request
+        self.key = key
         self.arrival_s = request.arrival_s
         self.excluded = excluded
         self.future = future
         self.is_waiting = True
         self.timer: asyncio.TimerHandle | None = None
+
+
+class _Queue:
+    """One model key's waiting requests: the policy, and its count of scheduling rounds."""
+
+    __slots__ = ("num_rounds", "observe_iterations", "policy")
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self.num_rounds = 0
+        self.observe_iterations: Callable[[int, float], None] | None = getattr(
+            policy, "observe_iterations", None
+        )
 
 
 class Admission:
@@ -77,16 +112,23 @@ class Admission:
         queue_policy: str,
         clock: Clock,
         observe_decision_s: Callable[[float], None],
+        queue_policy_params: Mapping[str, Any] | None = None,
     ) -> None:
-        QUEUE_POLICIES.get(queue_policy)  # unknown names fail here, listing the valid ones
+        # unknown names and bad parameters fail here, naming the valid ones
+        QUEUE_POLICIES.build(queue_policy, queue_policy_params)
         self.fleet = fleet
         self.router = router
         self.max_queue = max_queue
         self.num_waiting = 0
         self._queue_policy = queue_policy
+        self._queue_params = dict(queue_policy_params or {})
+        self._is_removing = queue_policy != "fcfs"
+        self._queue_priority: Callable[[Request], float] | None = getattr(
+            router, "queue_priority", None
+        )
         self._capacity = dict(capacities)
         self._inflight = dict.fromkeys(capacities, 0)
-        self._queues: dict[str, QueuePolicy] = {}
+        self._queues: dict[str, _Queue] = {}
         self._clock = clock
         self._observe_decision_s = observe_decision_s
 
@@ -99,7 +141,8 @@ class Admission:
         key = AUTO_MODEL if request.model is None else request.model
         queue = self._queues.get(key)
         if queue is None:
-            queue = self._queues[key] = QUEUE_POLICIES.build(self._queue_policy)
+            policy = QUEUE_POLICIES.build(self._queue_policy, self._queue_params)
+            queue = self._queues[key] = _Queue(policy)
         if self._live_head(queue) is None:
             grant = self.try_grant(request, excluded)
             if grant is not None:
@@ -107,8 +150,8 @@ class Admission:
         if self.num_waiting >= self.max_queue:
             raise QueueFullError(f"the gateway queue is full ({self.max_queue} waiting)")
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(request, excluded, loop.create_future())
-        queue.push(waiter, self._clock.now_s())
+        waiter = _Waiter(self._prioritised(request), key, excluded, loop.create_future())
+        queue.policy.push(waiter, self._clock.now_s())
         self.num_waiting += 1
         waiter.timer = loop.call_later(timeout_s, self._expire, waiter, timeout_s)
         try:
@@ -154,10 +197,12 @@ class Admission:
         name = decision.endpoint
         if name not in free:
             name = best_scored(decision.scores, free)
+        if decision.priority != request.priority:  # the decision's key goes with the request
+            request = replace(request, priority=decision.priority)
         inflight[name] += 1
         self.fleet.record_dispatch(request, name, now_s)
         self.router.on_dispatch(request, name, now_s)
-        return Grant(name, decision, decision_s)
+        return Grant(name, decision, decision_s, request)
 
     def wake(self) -> None:
         """Serve queue heads while any can be served; called on free slots and health changes."""
@@ -165,34 +210,49 @@ class Admission:
             pass
 
     def _serve_one_head(self) -> bool:
-        heads = [h for q in self._queues.values() if (h := self._live_head(q)) is not None]
-        heads.sort(key=lambda h: h.arrival_s)
-        for head in heads:
+        heads = [(h, q) for q in self._queues.values() if (h := self._live_head(q)) is not None]
+        heads.sort(key=lambda pair: pair[0].arrival_s)
+        for head, queue in heads:
             try:
                 grant = self.try_grant(head.request, head.excluded)
             except NoCandidateError as exc:
-                self._pop(head)
+                self._pop(head, queue)
                 head.future.set_exception(exc)
                 return True
             if grant is not None:
-                self._pop(head)
+                self._pop(head, queue)
+                self._count_round(queue)
                 head.future.set_result(grant)
                 return True
         return False
 
+    def _prioritised(self, request: Request) -> Request:
+        """``request`` with the router's queue priority, when it has one (NaN: none)."""
+        if self._queue_priority is None:
+            return request
+        value = float(self._queue_priority(request))
+        priority = None if math.isnan(value) else value
+        return request if priority == request.priority else replace(request, priority=priority)
+
+    def _count_round(self, queue: _Queue) -> None:
+        """One waiting request of ``queue`` was granted: a scheduling round for aging."""
+        queue.num_rounds += 1
+        if queue.observe_iterations is not None:
+            queue.observe_iterations(queue.num_rounds, self._clock.now_s())
+
     # ---- queue bookkeeping ---------------------------------------------------
-    def _live_head(self, queue: QueuePolicy) -> _Waiter | None:
+    def _live_head(self, queue: _Queue) -> _Waiter | None:
         now_s = self._clock.now_s()
-        while (head := queue.peek(now_s)) is not None:
+        policy = queue.policy
+        while (head := policy.peek(now_s)) is not None:
             if head.is_waiting and not head.future.done():
                 return head  # type: ignore[no-any-return]
             self._stop_waiting(head)
-            queue.pop(now_s)
+            policy.pop(now_s)
         return None
 
-    def _pop(self, waiter: _Waiter) -> None:
-        key = AUTO_MODEL if waiter.request.model is None else waiter.request.model
-        self._queues[key].pop(self._clock.now_s())
+    def _pop(self, waiter: _Waiter, queue: _Queue) -> None:
+        queue.policy.pop(self._clock.now_s())
         self._stop_waiting(waiter)
 
     def _stop_waiting(self, waiter: _Waiter) -> None:
@@ -202,20 +262,26 @@ class Admission:
             if waiter.timer is not None:
                 waiter.timer.cancel()
 
+    def _leave(self, waiter: _Waiter) -> None:
+        """``waiter`` stops waiting before its grant (timed out, or its client left)."""
+        if waiter.is_waiting and self._is_removing:
+            self._queues[waiter.key].policy.remove(waiter)
+        self._stop_waiting(waiter)
+
     def _expire(self, waiter: _Waiter, timeout_s: float) -> None:
         if waiter.is_waiting and not waiter.future.done():
-            self._stop_waiting(waiter)
+            self._leave(waiter)
             waiter.future.set_exception(
                 QueueTimeoutError(f"no backend slot became free within {timeout_s:g} s")
             )
 
     def _abandon(self, waiter: _Waiter) -> None:
         """The waiting task was cancelled; give back a slot granted in the meantime."""
-        self._stop_waiting(waiter)
+        self._leave(waiter)
         future = waiter.future
         if future.done() and not future.cancelled() and future.exception() is None:
             grant = future.result()
-            self.finish(waiter.request, grant.endpoint, has_first_byte=False, is_ok=False)
+            self.finish(grant.request, grant.endpoint, has_first_byte=False, is_ok=False)
 
 
 def best_scored(scores: Mapping[str, float], allowed: list[str]) -> str:

@@ -16,9 +16,10 @@ on another backend; and a request that fails so on ``max_request_failures``
 backends is answered with its error, not tried further. A poison request thus
 costs at most that many attempts and never opens a breaker.
 
-A backend declared ``scheduling_policy: priority`` gets the request's slack as
-an integer ``priority`` field (:mod:`longroute.gateway.priority`), computed at
-each attempt's dispatch.
+A backend declared ``scheduling_policy: priority`` gets an integer ``priority``
+field (:mod:`longroute.gateway.priority`), computed at each attempt's dispatch:
+the routing decision's priority (Chimera's ŷ) when it has one, else the
+request's slack.
 
 Nothing a backend says reaches the client unredacted: error bodies go through
 :mod:`longroute.gateway.backend_errors`, 2xx bodies lose any quoted backend key.
@@ -169,7 +170,8 @@ class Proxy:
             grant = await self._acquire(job, request, failure)
             backend = self.backends[grant.endpoint]
             outcome = _Outcome()
-            result = await self._attempt(stream, job, request, backend, outcome)
+            # as dispatched: with the routing decision's priority (sent to priority backends)
+            result = await self._attempt(stream, job, grant.request, backend, outcome)
             if not isinstance(result, _Failure):
                 if outcome.is_answered:  # it was theirs: the request is fine elsewhere
                     for name in suspects:
