@@ -15,7 +15,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,8 +37,7 @@ from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.priority import BackendPriorities, without_client_priority
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter, Redactor
-from longroute.gateway.wiring import models_body, monitors
-from longroute.routing import ROUTERS
+from longroute.gateway.wiring import build_router, models_body, monitors
 from longroute.routing.fleet_view import FleetView
 
 log = logging.getLogger("longroute.gateway")
@@ -70,9 +68,7 @@ class Gateway:
         )
         # every gateway log record is redacted and kept on one line (see redact.py)
         self.log_filter = RedactingFilter(self.redactor)
-        self.router = ROUTERS.build(
-            config.router.name, config.router.params, rng=random.Random(config.router.seed)
-        )
+        self.router = build_router(config, self.backends)
         self.fleet = FleetView(
             [b.endpoint for b in self.backends.values()],
             prefix_capacity_blocks=config.prefix_index_capacity_blocks,
@@ -85,6 +81,7 @@ class Gateway:
             {b.name: b.max_concurrency for b in self.backends.values()},
             max_queue=config.admission.max_queue,
             queue_policy=config.admission.queue_policy,
+            queue_policy_params=config.admission.queue_policy_params,
             clock=self.clock,
             observe_decision_s=self.metrics.decision.observe,
         )
@@ -110,6 +107,7 @@ class Gateway:
             self.clock,
             is_hashing=self.router.needs_prefix_index,
             is_detecting_language=self.router.needs_language,
+            is_reading_text=bool(getattr(self.router, "workflow_predictors", ())),
         )
         reuse = config.context_reuse
         self.context = ContextReuse(reuse, self.metrics) if reuse.enabled else None
@@ -173,7 +171,7 @@ class Gateway:
                 route,
                 raw,
                 parsed,
-                self.requests.build(parsed, target, http_request.headers),
+                self.requests.build(parsed, target, http_request.headers, route),
                 is_alias=parsed.model not in self.served_models,
                 started_s=started_s,
                 timeout_s=self.config.admission.request_timeout_s,

@@ -87,8 +87,30 @@ class BackendConfig(_Model):
 
 class RouterConfig(_Model):
     name: str = Field("round-robin", description="Registered router name (as in the simulator).")
-    params: dict[str, Any] = Field(default_factory=dict, description="Router parameters.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Router parameters; chimera's confidence and length and ltr's ranker are "
+        "paths of fitted model files (`longroute fit`), relative to the working directory.",
+    )
     seed: int = Field(0, description="Seed of the router's random.Random.")
+
+    @field_validator("name")
+    @classmethod
+    def _runs_live(cls, name: str) -> str:
+        """Refuse, at load, a router that only the simulator can run (an oracle)."""
+        from longroute.routing import ROUTERS
+
+        if name in ROUTERS and getattr(ROUTERS.get(name), "is_simulator_only", False):
+            live = [
+                n
+                for n in ROUTERS.names()
+                if not getattr(ROUTERS.get(n), "is_simulator_only", False)
+            ]
+            raise ValueError(
+                f"router {name!r} runs only in the simulator (it reads true output lengths, "
+                f"which a live gateway cannot know); valid here: {', '.join(live)}"
+            )
+        return name
 
 
 class AdmissionConfig(_Model):
@@ -108,8 +130,15 @@ class AdmissionConfig(_Model):
     retry_after_s: int = Field(1, ge=1, description="Retry-After of a 429.")
     queue_policy: str = Field(
         "fcfs",
-        description="Queue policy of the gateway queue: fcfs, or edf (by TTFT deadline); "
-        "lrs and lars need a remaining-prefill-time table, which only the simulator has.",
+        description="Queue policy of the gateway queue: fcfs, edf (by TTFT deadline), or, with "
+        "a router that gives priorities (chimera, ltr, mlfq), priority (lowest first) or stjf "
+        "(lowest first, with aging); lrs and lars need a remaining-prefill-time table, which "
+        "only the simulator has.",
+    )
+    queue_policy_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Its parameters, e.g. stjf's starvation_threshold: grants of other waiting "
+        "requests of the same model a request is passed over before it is promoted.",
     )
     default_max_tokens: int = Field(
         256, ge=1, description="Expected output tokens when a request gives no max_tokens."
@@ -126,14 +155,35 @@ class AdmissionConfig(_Model):
             raise ValueError(str(exc)) from None
         return name
 
+    @model_validator(mode="after")
+    def _queue_policy_params_build(self) -> AdmissionConfig:
+        try:
+            QUEUE_POLICIES.build(self.queue_policy, self.queue_policy_params)
+        except RegistryError as exc:
+            raise ValueError(f"queue_policy_params: {exc}") from None
+        return self
+
 
 class BackendPriorityConfig(_Model):
     """How the gateway computes the ``priority`` it sends to priority-scheduling backends."""
 
-    policy: str = Field("edf", description="Slack policy of the priority: edf, lrs or lars.")
+    policy: str = Field(
+        "edf",
+        description="Slack policy of the priority: edf, lrs or lars; used for requests whose "
+        "routing decision carries no priority of its own (a chimera, ltr or mlfq router's wins).",
+    )
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="Its parameters (default_ttft_s, default_ttft_work_factor).",
+    )
+    router_priority_scale: float = Field(
+        1.0,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="Multiplies a router's priority before it is rounded to vLLM's integer: "
+        "1 for chimera (tokens) and mlfq (levels); about 1000 for ltr, whose rank scores "
+        "differ in their decimals.",
     )
 
     @field_validator("policy")

@@ -3,9 +3,21 @@
 A backend declared with ``scheduling_policy: priority`` runs vLLM with
 ``--scheduling-policy priority``: it serves waiting requests by the integer
 ``priority`` field of their bodies (lower first). At dispatch the gateway sets
-that field from the request's slack under ``backend_priority.policy`` (edf, lrs
-or lars; :mod:`longroute.queueing.dispatch_priority` says what each integer
-means), on the gateway's clock (origin: its start). Other backends never receive
+that field, from one of two sources:
+
+* **the router's priority**, when the routing decision carries one (chimera:
+  ŷ, the predicted remaining output tokens of the request's workflow; ltr: the
+  rank score; mlfq: the workflow's level): ``round(priority x
+  backend_priority.router_priority_scale)``. It wins over the slack policy: a
+  router that orders requests was configured to order them, and an engine queue
+  that mixed its keys with slack keys (milliseconds against tokens) would order
+  neither. vLLM has no aging; the gateway's ``stjf`` queue provides it before
+  dispatch.
+* else **the request's slack** under ``backend_priority.policy`` (edf, lrs or
+  lars; :mod:`longroute.queueing.dispatch_priority` says what each integer
+  means), on the gateway's clock (origin: its start).
+
+Either is rounded and clamped to +-(2^53 - 1). Other backends never receive
 the field.
 
 The TTFT deadline is the request's ``x-longroute-ttft-slo-ms`` header, else the
@@ -30,7 +42,7 @@ from longroute.gateway.config import GatewayConfig
 from longroute.gateway.errors import bad_request
 from longroute.gateway.parse import ParsedBody
 from longroute.headers import TTFT_SLO_HEADER
-from longroute.queueing.dispatch_priority import DispatchPriority, LinearPrefill
+from longroute.queueing.dispatch_priority import DispatchPriority, LinearPrefill, bound_priority
 from longroute.types import SLO, Request
 
 PRIORITY_FIELD = "priority"
@@ -87,11 +99,12 @@ class BackendPriorities:
     Called by the proxy once per attempt (:meth:`body`).
     """
 
-    __slots__ = ("_clock", "_policies")
+    __slots__ = ("_clock", "_policies", "_router_scale")
 
     def __init__(self, config: GatewayConfig, clock: Clock) -> None:
         spec = config.backend_priority
         self._clock = clock
+        self._router_scale = spec.router_priority_scale
         self._policies: dict[str, DispatchPriority] = {}
         for backend in config.backends:
             if backend.scheduling_policy != "priority":
@@ -106,7 +119,11 @@ class BackendPriorities:
     def priority(self, request: Request, backend: str) -> int | None:
         """The priority ``request`` gets on ``backend`` now; None if it takes none."""
         policy = self._policies.get(backend)
-        return None if policy is None else policy.priority(request, self._clock.now_s())
+        if policy is None:
+            return None
+        if request.priority is not None:  # the router's, written in at dispatch
+            return bound_priority(request.priority * self._router_scale)
+        return policy.priority(request, self._clock.now_s())
 
     def body(self, raw: bytes, request: Request, backend: str) -> bytes:
         """The bytes to send to ``backend``: ``raw``, with the priority for such backends."""

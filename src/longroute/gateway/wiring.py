@@ -1,20 +1,84 @@
-"""The gateway's wiring helpers: its monitoring loops and its fixed /v1/models answer.
+"""The gateway's wiring helpers: its router, monitoring loops and fixed /v1/models answer.
 
-Called once, when a :class:`~longroute.gateway.app.Gateway` is built.
+Called once, when a :class:`~longroute.gateway.app.Gateway` is built. Every
+problem found here is a ``ConfigError`` or ``ValueError`` naming the field or
+file, which ``longroute serve`` prints as one ``error:`` line before anything
+listens.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from pathlib import Path
 
 from longroute.clock import WallClock
+from longroute.errors import ConfigError
 from longroute.gateway.backends import Backend
 from longroute.gateway.config import GatewayConfig
 from longroute.gateway.rtt_probe import RttProber
 from longroute.gateway.scrape import EngineScraper
+from longroute.routing import ROUTERS
+from longroute.routing.base import Router
 from longroute.routing.fleet_view import FleetView
+
+
+def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Router:
+    """The configured router, checked against the fleet before any request.
+
+    A predictor file that cannot be read names itself (the loaders' errors); one
+    fitted without some served model is refused naming the models it lacks (else
+    the first request for such a model would fail); a router that prices tokens
+    per endpoint (chimera) is asked for every backend's price now, not at the
+    first request.
+    """
+    spec = config.router
+    for kind in getattr(ROUTERS.get(spec.name), "workflow_predictors", ()):
+        value = spec.params.get(kind)
+        # from YAML a path is a string; code may also pass a fitted object
+        if isinstance(value, bool | int | float | list | dict) or value == "":
+            raise ConfigError(
+                f"router.params.{kind} must be the path of a fitted {kind} model file "
+                f"(`longroute fit`), got {repr(value)[:60]}"
+            )
+    try:
+        router = ROUTERS.build(spec.name, spec.params, rng=random.Random(spec.seed))
+    except OSError as exc:  # FileNotFoundError and friends name the file
+        raise ConfigError(f"router {spec.name!r}: {exc}") from None
+    served = {b.model for b in backends.values()}
+    for kind in getattr(router, "workflow_predictors", ()):
+        where = spec.params.get(kind)
+        where = str(where) if isinstance(where, str | Path) else f"router {spec.name!r}'s {kind}"
+        check_predictor(getattr(router, kind), kind, served, where)
+    price = getattr(router, "_rate", None)  # chimera: seconds per token of each endpoint
+    if callable(price):
+        for backend in backends.values():
+            try:
+                price(backend.endpoint)
+            except ValueError as exc:
+                raise ConfigError(f"router {spec.name!r}: {exc}") from None
+    return router
+
+
+def check_predictor(predictor: object, kind: str, served: Collection[str], where: str) -> None:
+    """ConfigError unless ``predictor`` (read from ``where``) knows every served model."""
+    from longroute.estimators.workflow_models import KINDS, check_models
+
+    if isinstance(predictor, tuple(KINDS.values())):
+        try:
+            check_models(predictor, served, Path(where))  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(f"router.params.{kind}: {exc}") from None
+        return
+    models = getattr(predictor, "models", None)  # a hand-made predictor (tests, libraries)
+    missing = sorted(set(served) - set(models)) if models is not None else []
+    if missing:
+        raise ConfigError(
+            f"router.params.{kind} ({where}): the {kind} model has no {', '.join(missing)} "
+            f"(it knows {', '.join(models or ())}); refit it on outcomes of every served model"
+        )
 
 
 def monitors(
