@@ -100,8 +100,10 @@ def emulate_command(
     scheduler: Annotated[
         str,
         typer.Option(
-            help="Queue policy of the engine: fcfs (vLLM's), or Medha's edf, lrs, lars "
-            "(slack-aware; requests get the default TTFT deadline)."
+            help="Queue policy of the engine: fcfs (vLLM's), Medha's edf, lrs, lars "
+            "(slack-aware; requests get the default TTFT deadline), or priority (vLLM's "
+            "--scheduling-policy priority: by each request's 'priority' field) and stjf "
+            "(the same with Chimera's aging)."
         ),
     ] = "fcfs",
     packer: Annotated[

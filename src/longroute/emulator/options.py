@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # the policies pull in numpy; `longroute --help` must not
     from longroute.sim.engine_policies import EnginePolicies
 
 DEFAULT_PORT = 8000
+PRIORITY_SCHEDULERS = ("priority", "stjf")
+"""Queue policies that order by vLLM's per-request ``priority`` field."""
 DEFAULT_PREFIX_BLOCK_TOKENS = 16
 KV_BLOCK_TOKENS = 16  # vLLM's default KV block size
 

@@ -6,6 +6,11 @@ error body: ``{"error": {"message", "type", "param", "code"}}``. Fields the
 emulator does not act on (temperature, top_p, stop, ...) are accepted and
 ignored, as sampling does not change an emulated reply (the correctness of
 KV-lookup answers follows the emulator's own ``temperature`` option).
+
+``priority`` is vLLM's: an integer (default 0, lower served sooner) that an
+engine scheduling by priority (``--scheduler priority`` or ``stjf``) orders its
+waiting requests by; any other engine refuses a priority other than 0 with a
+400, as vLLM without ``--scheduling-policy priority`` does.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from longroute.emulator.text import (
 )
 
 _MAX_TOKEN_ID = (1 << 32) - 1
+MAX_PRIORITY = (1 << 63) - 1
+"""vLLM's priority is an int64."""
 
 
 class ApiKind(StrEnum):
@@ -83,6 +90,7 @@ class ParsedRequest:
     is_stream: bool
     is_usage_in_stream: bool
     text: str | None = None
+    priority: int = 0
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -177,6 +185,7 @@ def parse_request(
     served_model: str,
     block_size_tokens: int,
     max_model_len_tokens: int,
+    is_priority_scheduling: bool = False,
 ) -> ParsedRequest:
     """Validate a request body; raise ApiError (400, or 404 for an unknown model)."""
     try:
@@ -215,7 +224,20 @@ def parse_request(
     num_output, reason = _output_length(
         prompt, max_tokens, (prompt_param, param), max_model_len_tokens
     )
-    return ParsedRequest(kind, prompt, num_output, reason, is_stream, is_usage, text)
+    priority = _priority(body, is_priority_scheduling)
+    return ParsedRequest(kind, prompt, num_output, reason, is_stream, is_usage, text, priority)
+
+
+def _priority(body: dict[str, Any], is_priority_scheduling: bool) -> int:
+    """vLLM's ``priority``: an int64, and 0 unless the engine schedules by priority."""
+    value = body.get("priority")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
+        raise _bad(f"'priority' must be a 64-bit integer, got {_type_name(value)}", "priority")
+    if value != 0 and not is_priority_scheduling:
+        raise _bad(f"Got priority {value} but Priority scheduling is not enabled.", "priority")
+    return value
 
 
 def _output_length(

@@ -29,6 +29,7 @@ from longroute.emulator.engine_driver import EngineDriver, TokenStream
 from longroute.emulator.faults import FaultInjector, FaultPlan
 from longroute.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
 from longroute.emulator.options import (
+    PRIORITY_SCHEDULERS,
     EmulatorOptions,
     build_endpoint,
     build_engine_policies,
@@ -135,6 +136,7 @@ class Emulator:
     # ---- generation -----------------------------------------------------------
     async def _generate(self, kind: ApiKind, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        is_priority_scheduling = self.options.scheduler in PRIORITY_SCHEDULERS
         await self._travel()
         try:
             parsed = parse_request(
@@ -143,6 +145,7 @@ class Emulator:
                 served_model=self.model_name,
                 block_size_tokens=self.options.prefix_block_tokens,
                 max_model_len_tokens=self.max_model_len_tokens,
+                is_priority_scheduling=is_priority_scheduling,
             )
         except ApiError as err:
             await self._travel()
@@ -178,6 +181,8 @@ class Emulator:
             block_hashes=parsed.prompt.block_hashes,
             block_size_tokens=self.options.prefix_block_tokens,
             model=self.model_name,
+            # vLLM's priority, for the queue policies that read it (others get none)
+            priority=float(parsed.priority) if is_priority_scheduling else None,
         )
         stream = self.driver.submit(engine_request, parsed.finish_reason)
         answer = None if verdict is None else verdict.answer
