@@ -22,7 +22,9 @@ from longroute.gateway.rtt_probe import RttProber
 from longroute.gateway.scrape import EngineScraper
 from longroute.routing import ROUTERS
 from longroute.routing.base import Router
+from longroute.routing.chimera import ChimeraRouter
 from longroute.routing.fleet_view import FleetView
+from longroute.routing.workflow_load import seconds_per_token
 
 
 def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Router:
@@ -52,14 +54,20 @@ def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Rout
         where = spec.params.get(kind)
         where = str(where) if isinstance(where, str | Path) else f"router {spec.name!r}'s {kind}"
         check_predictor(getattr(router, kind), kind, served, where)
-    price = getattr(router, "_rate", None)  # chimera: seconds per token of each endpoint
-    if callable(price):
-        for backend in backends.values():
-            try:
-                price(backend.endpoint)
-            except ValueError as exc:
-                raise ConfigError(f"router {spec.name!r}: {exc}") from None
+    if isinstance(router, ChimeraRouter):  # it prices each endpoint's tokens at first use
+        check_token_prices(spec.params.get("seconds_per_token_by_model") or {}, backends)
     return router
+
+
+def check_token_prices(fixed: Mapping[str, float], backends: Mapping[str, Backend]) -> None:
+    """ConfigError naming the first backend whose tokens chimera cannot price: its model is
+    not in ``seconds_per_token_by_model`` and has no model or hardware profile."""
+    for backend in backends.values():
+        if backend.model not in fixed:
+            try:
+                seconds_per_token(backend.endpoint)
+            except ValueError as exc:
+                raise ConfigError(f"router 'chimera': {exc}") from None
 
 
 def check_predictor(predictor: object, kind: str, served: Collection[str], where: str) -> None:
