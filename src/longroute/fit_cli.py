@@ -1,4 +1,7 @@
-"""`longroute fit ...`: offline fitting of LAAR's models (sub-app registered by longroute.cli).
+"""`longroute fit ...`: offline fitting of LAAR's and Chimera's models (sub-app of longroute.cli).
+
+`capability` (LAAR) lives here; `confidence`, `length`, `ltr` and
+`agent-outcomes` (Chimera, issue 16) in longroute.fit_workflow_cli.
 
 Fitting code (numpy, scikit-learn) is imported inside the commands, so
 registering the sub-app keeps `longroute --help` fast.
@@ -18,7 +21,7 @@ from longroute.features.length import DEFAULT_BUCKET_EDGES_TOKENS, bucket_label,
 fit_app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    help="Fit LAAR's models from observed outcomes.",
+    help="Fit LAAR's and Chimera's models from observed outcomes.",
 )
 
 
@@ -117,3 +120,21 @@ def capability_command(
         f"{'with' if interactions else 'without'} language x bucket interactions, C={c:g})",
         highlight=False,
     )
+
+
+def _register_workflow_commands() -> None:
+    """Chimera's predictors; their module imports no numpy or scikit-learn at load."""
+    from longroute.fit_workflow_cli import (
+        agent_outcomes_command,
+        confidence_command,
+        length_command,
+        ltr_command,
+    )
+
+    fit_app.command("confidence")(confidence_command)
+    fit_app.command("length")(length_command)
+    fit_app.command("ltr")(ltr_command)
+    fit_app.command("agent-outcomes")(agent_outcomes_command)
+
+
+_register_workflow_commands()
