@@ -1,6 +1,6 @@
 """TF-IDF of word 1-2-grams, fitted by scikit-learn, applied to one text in plain Python.
 
-scikit-learn's ``TfidfVectorizer.transform`` costs ~0.3-1 ms for a single short
+scikit-learn's ``TfidfVectorizer.transform`` costs ~0.5-2 ms for a single short
 document (input validation, a sparse matrix built per call). Chimera's router
 featurises one prompt per routing decision, so :class:`TfidfSketch` keeps only
 what the fitted vectorizer knows -- its vocabulary and idf weights -- and
