@@ -27,6 +27,8 @@ ALL_ROUTERS = (
     "session-affinity",
     "prefix-cache",
     "gorgo",
+    "vllm-lb",
+    "mlfq",
 )
 REQUIRED_METRICS = (
     "ttft_p95_s",
@@ -369,8 +371,16 @@ def test_list_names_scenarios_routers_and_profiles() -> None:
         if sep:
             sections[key.strip()] = {v.strip() for v in value.split(",")}
     assert set(builtin_scenario_names()) <= sections["scenarios"]
-    # laar is listed, though it runs only in scenarios with a capability section
-    assert sections["routers"] == {*ALL_ROUTERS, "laar"}
+    # laar, chimera and ltr are listed, though they run only in scenarios with a capability
+    # or workflow_predictors section; the oracles are listed and run only when named
+    assert sections["routers"] == {
+        *ALL_ROUTERS,
+        "laar",
+        "chimera",
+        "ltr",
+        "oracle-stjf",
+        "oracle-sjf",
+    }
     assert {"short-chat", "long-sessions", "mixed-long-short"} <= sections["workloads"]
     assert "llama-3-8b" in sections["model profiles"]
     assert {"h100", "a100-80g", "l40s", "h200"} <= sections["hardware profiles"]
