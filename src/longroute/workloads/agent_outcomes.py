@@ -43,7 +43,9 @@ class OutcomeRow:
 
     def __post_init__(self) -> None:
         if not 1 <= self.stage <= self.num_stages:
-            raise ValueError(f"stage must be in [1, num_stages={self.num_stages}], got {self.stage}")
+            raise ValueError(
+                f"stage must be in [1, num_stages={self.num_stages}], got {self.stage}"
+            )
         if self.num_prompt_tokens < 0:
             raise ValueError(f"num_prompt_tokens must be >= 0, got {self.num_prompt_tokens}")
         if self.output_tokens < 1:
