@@ -13,7 +13,7 @@ the section's content and the models (a sweep's cells share them).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -77,5 +77,9 @@ def _fitted(section_json: str, models: tuple[str, ...], kinds: tuple[str, ...]) 
     rows = agent_outcomes(workload)
     if not rows:
         raise ValueError(f"workflow_predictors.fit_workload {spec.generator!r} has no workflows")
-    fits = {"confidence": fit_confidence, "length": fit_length, "ranker": fit_ranker}
+    fits: dict[str, Callable[..., Any]] = {
+        "confidence": fit_confidence,
+        "length": fit_length,
+        "ranker": fit_ranker,
+    }
     return tuple(fits[kind](rows, seed=config.seed) for kind in kinds)
