@@ -7,6 +7,7 @@ rejects unknown generator names and unknown knobs, listing the valid ones.
 from __future__ import annotations
 
 from longroute.registry import Registry
+from longroute.workloads.agent_workflows import agent_workflows
 from longroute.workloads.art_chat import art_chat
 from longroute.workloads.generators import long_sessions, mixed_long_short, short_chat
 from longroute.workloads.kv_lookup import kv_lookup
@@ -22,3 +23,4 @@ WORKLOADS.register("kv-lookup")(kv_lookup)
 WORKLOADS.register("art-chat")(art_chat)
 WORKLOADS.register("rag")(rag)
 WORKLOADS.register("medha-mix")(medha_mix)
+WORKLOADS.register("agent-workflows")(agent_workflows)
