@@ -317,6 +317,7 @@ def test_knob_error_shows_the_bad_value() -> None:
 
 def test_registry_builds_the_generators_and_rejects_unknown_knobs() -> None:
     assert WORKLOADS.names() == [
+        "agent-workflows",
         "art-chat",
         "kv-lookup",
         "long-sessions",
