@@ -54,7 +54,12 @@ equal :class:`RuntimePredictor`'s bit for bit; :func:`make_predictor` returns on
 
 from __future__ import annotations
 
-from longroute.estimators.profiles import HardwareProfile, ModelProfile
+from longroute.estimators.profiles import (
+    HardwareProfile,
+    ModelProfile,
+    load_hardware_profile,
+    load_model_profile,
+)
 from longroute.estimators.runtime import (
     DEFAULT_ACTIVATION_RESERVE_BYTES_PER_GPU,
     RuntimePredictor,
@@ -62,6 +67,7 @@ from longroute.estimators.runtime import (
     _sum_of_max,
     causal_attention_pairs,
 )
+from longroute.types import Endpoint
 
 _ACTIVATION_BYTES = 2.0  # bf16 hidden states between stages, queries and partial outputs
 _LSE_BYTES = 4.0  # fp32 log-sum-exp per head, for the online-softmax merge
@@ -261,6 +267,21 @@ def make_predictor(
         spp_degree=spp_degree,
         kvp_degree=kvp_degree,
         kvp_tokens_per_group=kvp_tokens_per_group,
+    )
+
+
+def endpoint_predictor(endpoint: Endpoint) -> RuntimePredictor:
+    """The predictor of ``endpoint``'s model, hardware and TP x SPP x KVP layout.
+
+    Loads the two profiles (cached by the profile loaders); raises ``ValueError``
+    for an unknown profile or a layout the model cannot split into.
+    """
+    return make_predictor(
+        load_model_profile(endpoint.model),
+        load_hardware_profile(endpoint.hardware),
+        endpoint.num_gpus,
+        spp_degree=endpoint.spp_degree,
+        kvp_degree=endpoint.kvp_degree,
     )
 
 

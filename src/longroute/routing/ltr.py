@@ -12,6 +12,7 @@ dispatcher is ``vllm-lb``. The score (``LengthRanker``, fitted with
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
@@ -55,10 +56,6 @@ class LtrRouter(VllmLoadBalancer):
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision:
         decision = super().route(request, fleet, now_s)
         score = self.queue_priority(request)
-        return RouteDecision(
-            endpoint=decision.endpoint,
-            scores=decision.scores,
-            score_meaning=decision.score_meaning,
-            reason=f"{decision.reason}; rank score {score:.3g}",
-            priority=score,
+        return replace(
+            decision, reason=f"{decision.reason}; rank score {score:.3g}", priority=score
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
+from dataclasses import replace
 
 from longroute.routing.base import ROUTERS
 from longroute.routing.fleet_view import FleetView
@@ -76,13 +77,8 @@ class MlfqRouter(VllmLoadBalancer):
         program = request.program_id
         attained = self._attained.get(program, 0) if program is not None else 0
         level = self.level(attained)
-        return RouteDecision(
-            endpoint=decision.endpoint,
-            scores=decision.scores,
-            score_meaning=decision.score_meaning,
-            reason=f"{decision.reason}; MLFQ level {level} ({attained} tokens served)",
-            priority=float(level),
-        )
+        reason = f"{decision.reason}; MLFQ level {level} ({attained} tokens served)"
+        return replace(decision, reason=reason, priority=float(level))
 
     def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
         program = request.program_id

@@ -9,14 +9,13 @@ router never saw dispatched, e.g. after a restart).
 ``seconds_per_token`` prices a token of that volume on an endpoint: one decode
 step at the endpoint's reference batch (its ``max_num_seqs``, capped by what
 its KV memory holds at ``REFERENCE_CONTEXT_TOKENS`` each), from the runtime
-predictor of its model, hardware and GPU count, divided by that batch: the
+predictor of its model, hardware and parallel layout, divided by that batch: the
 paper's ``decode_ms_per_token / max_batch_size`` (§3.6), "profiled offline".
 """
 
 from __future__ import annotations
 
-from longroute.estimators.profiles import load_hardware_profile, load_model_profile
-from longroute.estimators.runtime import RuntimePredictor
+from longroute.estimators.parallel import endpoint_predictor
 from longroute.types import Endpoint
 
 REFERENCE_CONTEXT_TOKENS = 2048
@@ -63,11 +62,7 @@ def seconds_per_token(endpoint: Endpoint) -> float:
     Raises ``ValueError`` naming the endpoint when its profiles do not load.
     """
     try:
-        predictor = RuntimePredictor(
-            load_model_profile(endpoint.model),
-            load_hardware_profile(endpoint.hardware),
-            endpoint.num_gpus,
-        )
+        predictor = endpoint_predictor(endpoint)
     except ValueError as exc:
         raise ValueError(
             f"cannot price tokens on endpoint {endpoint.name!r} ({endpoint.model} on "

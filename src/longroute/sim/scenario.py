@@ -23,8 +23,7 @@ import yaml
 from longroute.config import ConfigError, ScenarioConfig, load_scenario_file, parse_scenario
 from longroute.errors import did_you_mean
 from longroute.estimators.capability import CapabilityModel
-from longroute.estimators.parallel import make_predictor
-from longroute.estimators.profiles import load_hardware_profile, load_model_profile
+from longroute.estimators.parallel import endpoint_predictor
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RunObserver
 from longroute.metrics.summary import summarize_ttca
@@ -162,13 +161,7 @@ def build_predictors(endpoints: list[Endpoint]) -> dict[str, RuntimePredictor]:
     for e in endpoints:
         key = (e.model, e.hardware, e.num_gpus, e.spp_degree, e.kvp_degree)
         if key not in cache:
-            cache[key] = make_predictor(
-                load_model_profile(e.model),
-                load_hardware_profile(e.hardware),
-                e.num_gpus,
-                spp_degree=e.spp_degree,
-                kvp_degree=e.kvp_degree,
-            )
+            cache[key] = endpoint_predictor(e)
         out[e.name] = cache[key]
     return out
 
