@@ -292,10 +292,7 @@ def agent_outcomes_command(
 ) -> None:
     """Generate offline outcomes: every agent-workflows draw run whole on every model."""
     from longroute.workloads.agent_outcomes import write_outcomes
-
-    # the agent-workflows generator is being finished (issue 16); until it lands the
-    # command and the fit say so at run time (ModuleNotFoundError)
-    from longroute.workloads.agent_workflows import agent_outcomes, agent_workflows  # type: ignore[import-not-found,unused-ignore]
+    from longroute.workloads.agent_workflows import agent_outcomes, agent_workflows
 
     names = tuple(m.strip() for m in models.split(",") if m.strip())
     if not names:

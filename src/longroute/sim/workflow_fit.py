@@ -65,10 +65,7 @@ def _fitted(section_json: str, models: tuple[str, ...], kinds: tuple[str, ...]) 
     from longroute.estimators.confidence import fit_confidence
     from longroute.estimators.length_rank import fit_ranker
     from longroute.estimators.workflow_length import fit_length
-
-    # the agent-workflows generator is being finished (issue 16); until it lands the
-    # command and the fit say so at run time (ModuleNotFoundError)
-    from longroute.workloads.agent_workflows import agent_outcomes  # type: ignore[import-not-found,unused-ignore]
+    from longroute.workloads.agent_workflows import agent_outcomes
     from longroute.workloads.registry import WORKLOADS
 
     config = WorkflowPredictorsConfig.model_validate(json.loads(section_json))
