@@ -111,7 +111,8 @@ def fit_confidence(
 
     ``regularization_c`` (inverse L2 strength) 0.5 gave the best held-out
     macro AP among 0.05-16 on a draft of the ``agent-workflows`` generator
-    (0.636 against 0.613 at 4 and 0.597 at 16); not re-tuned on the final one. Deterministic: the vectorizer and lbfgs
+    (0.636 against 0.613 at 4 and 0.597 at 16); not re-tuned on the final one.
+    Deterministic: the vectorizer and lbfgs
     involve no randomness (``seed`` goes to scikit-learn's ``random_state`` for
     a uniform signature with the other fits). Raises ``ValueError`` naming the
     model with too few rows or with only one outcome, and for a non-positive
