@@ -157,6 +157,24 @@ def test_task_scores_are_in_the_stated_ranges(big: Workload) -> None:
     assert scores == sorted(scores)  # bigger models are more skilled
 
 
+def test_the_larger_models_gain_most_on_some_topics() -> None:
+    # the topics' scale gains: 7B over 1.5B adds far more on geometry and intermediate
+    # algebra than on prealgebra, so a router that reads the topic can spend the 7B well
+    workload = agent_workflows(num_workflows=6000, seed=5, datasets=("math",))
+    small, large = _correct(workload, "qwen2.5-1.5b"), _correct(workload, "qwen2.5-7b")
+    subjects = np.asarray([
+        next((line for line in _agents(s)[0].prompt.user.splitlines()
+              if line.startswith("Subject: ")), "")
+        for s in workload.sessions
+    ])  # fmt: skip
+    hard = np.isin(subjects, ["Subject: Geometry.", "Subject: Intermediate Algebra."])
+    easy = subjects == "Subject: Prealgebra."
+    assert hard.sum() > 300 and easy.sum() > 100
+    gain_hard = large[hard].mean() - small[hard].mean()
+    gain_easy = large[easy].mean() - small[easy].mean()
+    assert gain_hard > gain_easy + 0.1 > 0.1
+
+
 def test_models_agree_on_which_tasks_are_long_and_hard(big: Workload) -> None:
     small, large = _totals(big, "qwen2.5-1.5b"), _totals(big, "qwen2.5-14b")
     rank_corr = np.corrcoef(np.argsort(np.argsort(small)), np.argsort(np.argsort(large)))[0, 1]

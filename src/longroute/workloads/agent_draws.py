@@ -7,7 +7,9 @@ the requested models are picked out: a model's truth does not depend on the othe
 listed. Every constant here is ours (see the module docstring of ``agent_workflows``).
 
 Latent per task (shared by every model): a difficulty ``d`` on the logit scale (level,
-topic offset, hidden noise) and a log-length factor (workflow kind, level, topic,
+topic offset, hidden noise; a model is right with probability about
+``expit(skill + scale * topic.scale_gain - d)``: the larger models gain most on some
+topics) and a log-length factor (workflow kind, level, topic,
 statement details, hidden noise). Per model: its own log-length noise, a correctness
 uniform correlated across models (Gaussian copula, shared weight ``_CORRECT_SHARED``),
 and a runaway flag from one shared latent, so a task that runs away on a strong model
@@ -125,6 +127,7 @@ def draw_outcomes(
         + _LENGTH_PER_DETAIL * (np.asarray([t.num_details for t in tasks]) - 1.0)
         + _LENGTH_HIDDEN_SIGMA * z_task[:, 1]
     )
+    scale_gain = np.asarray([t.topic.scale_gain for t in tasks])
     runaway_latent = _runaway_latent(level, datasets, z_task[:, 0], z_task[:, 3])
     runaway_total = cap * np.exp2(runaway_u - 1.0)  # log-uniform in [cap / 2, cap]
     shares = np.zeros((n, MAX_STAGES))
@@ -142,7 +145,7 @@ def draw_outcomes(
         median = np.asarray([model.length[d].median_tokens for d in datasets])
         sigma = np.asarray([model.length[d].sigma for d in datasets])
         fraction = np.asarray([model.length[d].runaway_fraction for d in datasets])
-        skill = np.asarray([model.skill[d] for d in datasets])
+        skill = np.asarray([model.skill[d] for d in datasets]) + model.scale * scale_gain
 
         is_runaway = ndtr(runaway_latent) > 1.0 - fraction
         body = np.exp(np.log(median) + shared_log_length + sigma * z_length[:, col])

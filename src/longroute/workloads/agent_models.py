@@ -17,6 +17,7 @@ from a wider body. Changing ``stage_mix`` or the cap moves the moments off the t
 
 from __future__ import annotations
 
+import math as _math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -93,11 +94,16 @@ class LengthParams:
 
 @dataclass(frozen=True, slots=True)
 class ModelParams:
-    """Built-in numbers of one model: per dataset, skill (logit) and lengths."""
+    """Built-in numbers of one model: per dataset, skill (logit) and lengths.
+
+    ``scale``: log(parameters / 1.5B) / log(14B / 1.5B), 0 for the 1.5B and 1 for the
+    14B; a topic's ``scale_gain`` adds ``scale * scale_gain`` logits to its skill.
+    """
 
     name: str
     skill: Mapping[str, float]
     length: Mapping[str, LengthParams]
+    scale: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,27 +141,30 @@ SCORE_TARGETS: Mapping[str, Mapping[str, float]] = MappingProxyType({
 
 
 def _model(
-    name: str, skill: tuple[float, float], apps: tuple[float, float, float],
+    name: str, billions: float, skill: tuple[float, float], apps: tuple[float, float, float],
     math: tuple[float, float, float],
 ) -> ModelParams:  # fmt: skip
     return ModelParams(
         name,
         MappingProxyType({APPS: skill[0], MATH: skill[1]}),
         MappingProxyType({APPS: LengthParams(*apps), MATH: LengthParams(*math)}),
+        _math.log(billions / 1.5) / _math.log(14.0 / 1.5),
     )
 
 
 # (skill apps, skill math), (median, sigma, runaway) apps, the same for math. Fitted per
 # (model, dataset) by bisection with the constants of agent_draws (re-fit after changing
 # them): the median on the mean; the runaway share on the sd (1.5B-7B, own sigma 0.45)
-# or the sigma on the sd (14B, no runaways); the skill on the score.
+# or the sigma on the sd (14B, no runaways); the skill on the score, with the topics'
+# scale gains (agent_tasks), by scripts/fit_agent_models.py.
 MODELS: Mapping[str, ModelParams] = MappingProxyType({
     m.name: m
     for m in (
-        _model("qwen2.5-1.5b", (-1.718, 0.242), (160.9, 0.45, 0.00404), (153.3, 0.45, 0.01637)),
-        _model("qwen2.5-3b", (-1.117, 0.779), (203.3, 0.45, 0.002), (265.7, 0.45, 0.00713)),
-        _model("qwen2.5-7b", (-0.677, 1.245), (246.2, 0.45, 0.0007), (335.4, 0.45, 0.00221)),
-        _model("qwen2.5-14b", (-0.326, 1.624), (289.9, 0.335, 0.0), (347.1, 0.582, 0.0)),
+        _model("qwen2.5-1.5b", 1.5, (-1.709, 0.235), (160.9, 0.45, 0.00404),
+               (153.3, 0.45, 0.01637)),
+        _model("qwen2.5-3b", 3.0, (-1.334, 0.487), (203.3, 0.45, 0.002), (265.7, 0.45, 0.00713)),
+        _model("qwen2.5-7b", 7.0, (-1.206, 0.582), (246.2, 0.45, 0.0007), (335.4, 0.45, 0.00221)),
+        _model("qwen2.5-14b", 14.0, (-1.107, 0.618), (289.9, 0.335, 0.0), (347.1, 0.582, 0.0)),
     )
 })  # fmt: skip
 

@@ -22,12 +22,15 @@ from longroute.workloads.agent_text import Picker
 @dataclass(frozen=True, slots=True)
 class Topic:
     """A topic: its name, the level it is typical of, its effects (difficulty logit,
-    log-length) and its statements, each with a format key (APPS: the input format)."""
+    log-length), how much of a larger model's extra skill shows on it (``scale_gain``:
+    correctness logits at full scale, 14B against 1.5B) and its statements, each with a
+    format key (APPS: the input format)."""
 
     name: str
     typical_level: float
     difficulty_offset: float
     length_log_factor: float
+    scale_gain: float
     setups: tuple[tuple[str, str], ...]
 
 
@@ -43,21 +46,21 @@ class TaskText:
 _NAMES = ("Alice", "Bob", "Vasya", "Petya", "Monocarp", "Polycarp", "Luba", "Ivan", "Tanya")
 # APPS setups: (story and goal, input format key of _INPUTS)
 _APPS_TOPICS = (
-    Topic("strings", 1.8, -0.3, -0.15, (
+    Topic("strings", 1.8, -0.3, -0.15, 0.0, (
         ("{who} has a string s of length n consisting of lowercase Latin letters. In one move "
          "{who} may delete any character of s. Find the minimum number of moves needed to make "
          "s a palindrome.", "string"),
         ("You are given a string s of length n. A substring is called good if every letter "
          "occurs in it an even number of times. Count the good substrings of s.", "string"),
     )),
-    Topic("sorting", 1.8, -0.3, -0.1, (
+    Topic("sorting", 1.8, -0.3, -0.1, 0.0, (
         ("{who} has n books with thicknesses a_1, ..., a_n and wants to put them on a shelf in "
          "non-decreasing order of thickness. Find the minimum number of swaps of two books.",
          "array"),
         ("You are given an array a of n integers. Sort it, then print the number of distinct "
          "values and the median of the array.", "array"),
     )),
-    Topic("simulation", 2.5, -0.1, 0.15, (
+    Topic("simulation", 2.5, -0.1, 0.15, 0.25, (
         ("A robot stands in cell (0, 0) of an infinite grid and executes a command string s of "
          "length n made of the letters L, R, U and D. Find the number of distinct cells it "
          "visits.", "string"),
@@ -65,39 +68,39 @@ _APPS_TOPICS = (
          "second the first person buys one ticket and, if {who} still needs more, moves to the "
          "end of the queue. Report when each person leaves.", "array"),
     )),
-    Topic("greedy", 3.0, 0.0, -0.05, (
+    Topic("greedy", 3.0, 0.0, -0.05, 0.5, (
         ("{who} has n tasks; task i takes a_i minutes, and all tasks must be finished before "
          "the deadline T. Find the maximum number of tasks {who} can finish on time.", "array"),
         ("You are given n coins with values a_1, ..., a_n. Split them into two groups so that "
          "the difference of the sums is as small as possible.", "array"),
     )),
-    Topic("binary search", 3.2, 0.1, 0.0, (
+    Topic("binary search", 3.2, 0.1, 0.0, 0.75, (
         ("There are n machines; machine i makes one item every a_i seconds. Find the minimum "
          "time needed to make k items in total.", "array"),
         ("You are given an array of n integers and q queries; for each query x, find the number "
          "of elements not greater than x.", "queries"),
     )),
-    Topic("number theory", 3.6, 0.25, -0.2, (
+    Topic("number theory", 3.6, 0.25, -0.2, 1.0, (
         ("For every a_i, count the pairs (x, y) with 1 <= x, y <= a_i such that gcd(x, y) = 1 "
          "and x * y is a perfect square.", "array"),
         ("{who} writes all integers from 1 to a_i in a row, for every i. Find the sum of their "
          "digits modulo 10^9 + 7.", "array"),
     )),
-    Topic("dynamic programming", 3.9, 0.35, 0.15, (
+    Topic("dynamic programming", 3.9, 0.35, 0.15, 1.5, (
         ("You are given an array a of n integers. Choose a subsequence with no two adjacent "
          "elements so that its sum is the largest possible and print that sum.", "array"),
         ("{who} walks on a grid of n rows and m columns from the top-left to the bottom-right "
          "cell, moving only right or down, and some cells are blocked. Count the paths modulo "
          "998244353.", "grid"),
     )),
-    Topic("graphs", 4.1, 0.4, 0.25, (
+    Topic("graphs", 4.1, 0.4, 0.25, 1.5, (
         ("The kingdom has n cities connected by m two-way roads of given lengths. For every "
          "city, find the length of the shortest route from the capital (city 1) to it.",
          "graph"),
         ("You are given a weighted undirected graph with n vertices and m edges. Find the "
          "weight of its minimum spanning tree and the number of such trees.", "graph"),
     )),
-    Topic("data structures", 4.5, 0.5, 0.3, (
+    Topic("data structures", 4.5, 0.5, 0.3, 1.25, (
         ("You are given an array of n integers and q queries of two kinds: add x to all "
          "elements on a segment, or report the minimum on a segment. Answer all queries of the "
          "second kind.", "queries"),
@@ -188,38 +191,38 @@ def apps_task(picker: Picker, level: int) -> TaskText:
 
 # MATH setups: (problem, answer format); {a} {b} {c} grow with the level, {s} stays small.
 _MATH_TOPICS = (
-    Topic("Prealgebra", 1.8, -0.4, -0.25, (
+    Topic("Prealgebra", 1.8, -0.4, -0.25, 0.0, (
         ("A rectangle has a perimeter of {b} units and a length of {a} units. What is its "
          "area, in square units?", ""),
         ("What is {a}% of {b}?", "Express your answer as a decimal."),
     )),
-    Topic("Algebra", 2.3, -0.25, -0.15, (
+    Topic("Algebra", 2.3, -0.25, -0.15, 0.25, (
         ("If $3x + {a} = {b}$, what is the value of $6x - {c}$?", ""),
         ("What is the sum of all values of $y$ for which $y^2 - {a}y + {c} = 0$?", ""),
     )),
-    Topic("Number Theory", 3.2, 0.1, 0.0, (
+    Topic("Number Theory", 3.2, 0.1, 0.0, 0.75, (
         ("What is the remainder when ${a}^{{{big}}}$ is divided by {p}?", ""),
         ("Find the smallest positive integer $n$ such that ${a}n \\equiv {c} \\pmod{{{p}}}$.",
          ""),
     )),
-    Topic("Counting & Probability", 3.3, 0.25, 0.1, (
+    Topic("Counting & Probability", 3.3, 0.25, 0.1, 1.0, (
         ("How many ways are there to put {s} distinguishable balls into {t} indistinguishable "
          "boxes?", ""),
         ("Two fair {s}-sided dice are rolled. What is the probability that the sum of the "
          "numbers rolled is a multiple of {t}?", "Express your answer as a common fraction."),
     )),
-    Topic("Geometry", 3.4, 0.25, 0.15, (
+    Topic("Geometry", 3.4, 0.25, 0.15, 1.5, (
         ("In triangle $ABC$, $AB = {a}$, $BC = {b}$ and $CA = {c}$. Point $D$ lies on $BC$ so "
          "that $AD$ bisects angle $BAC$. Find $BD$.", "Express your answer as a common fraction."),
         ("A right triangle has legs of length {a} and {b}. What is the radius of its inscribed "
          "circle?", "Express your answer in simplest radical form."),
     )),
-    Topic("Intermediate Algebra", 3.8, 0.35, 0.2, (
+    Topic("Intermediate Algebra", 3.8, 0.35, 0.2, 1.5, (
         ("Let $r$, $s$ and $t$ be the roots of $x^3 - {a}x^2 + {b}x - {c} = 0$. Compute "
          "$r^2 + s^2 + t^2$.", ""),
         ("Find the minimum value of $x^2 + \\frac{{{b}}}{{x}}$ for $x > 0$.", ""),
     )),
-    Topic("Precalculus", 3.9, 0.35, 0.2, (
+    Topic("Precalculus", 3.9, 0.35, 0.2, 1.25, (
         ("Find the number of solutions to $\\sin {s}x = \\cos x$ on the interval "
          "$[0, 2\\pi]$.", ""),
         ("Find the area of the triangle with vertices $(0, 0, 0)$, $({a}, {b}, 0)$ and "

@@ -118,6 +118,30 @@ def _session(
     return Session(f"wf-{index:06d}", tuple(turns))
 
 
+def draw_tasks(
+    rng: np.random.Generator, size: int, datasets: Sequence[str], stage_mix: Sequence[float]
+) -> tuple[list[WorkflowKind], list[int], list[TaskText]]:
+    """Per workflow: its kind, difficulty level and statement (the draws before the
+    outcomes; ``scripts/fit_agent_models.py`` re-draws the outcomes on them)."""
+    which_dataset = (rng.random(size) * len(datasets)).astype(int).tolist()
+    kind_cdf = np.cumsum(stage_mix) / sum(stage_mix)
+    which_kind = np.searchsorted(kind_cdf, rng.random(size), side="right").tolist()
+    level_u = rng.random(size).tolist()
+    text_u = rng.random((size, _TEXT_DRAWS)).tolist()
+    level_cdfs = {d: np.cumsum(LEVEL_SHARES[d]) / sum(LEVEL_SHARES[d]) for d in datasets}
+
+    kinds: list[WorkflowKind] = []
+    levels: list[int] = []
+    tasks: list[TaskText] = []
+    for i in range(size):
+        dataset = datasets[which_dataset[i]]
+        kinds.append(WORKFLOW_KINDS[dataset][min(which_kind[i], 2)])
+        level = min(int(np.searchsorted(level_cdfs[dataset], level_u[i], side="right")), 4) + 1
+        levels.append(level)
+        tasks.append((apps_task if dataset == APPS else math_task)(Picker(text_u[i]), level))
+    return kinds, levels, tasks
+
+
 def agent_workflows(
     *,
     num_workflows: int,
@@ -148,23 +172,7 @@ def agent_workflows(
     cap = check_int("max_total_output_tokens", max_total_output_tokens, 64)
     tool_s = _check_time("tool_time_s", tool_time_s)
 
-    which_dataset = (rng.random(size) * len(names)).astype(int).tolist()
-    kind_cdf = np.cumsum(mix) / sum(mix)
-    which_kind = np.searchsorted(kind_cdf, rng.random(size), side="right").tolist()
-    level_u = rng.random(size).tolist()
-    text_u = rng.random((size, _TEXT_DRAWS)).tolist()
-    level_cdfs = {d: np.cumsum(LEVEL_SHARES[d]) / sum(LEVEL_SHARES[d]) for d in names}
-
-    kinds: list[WorkflowKind] = []
-    levels: list[int] = []
-    tasks: list[TaskText] = []
-    for i in range(size):
-        dataset = names[which_dataset[i]]
-        kinds.append(WORKFLOW_KINDS[dataset][min(which_kind[i], 2)])
-        level = min(int(np.searchsorted(level_cdfs[dataset], level_u[i], side="right")), 4) + 1
-        levels.append(level)
-        tasks.append((apps_task if dataset == APPS else math_task)(Picker(text_u[i]), level))
-
+    kinds, levels, tasks = draw_tasks(rng, size, names, mix)
     draws = draw_outcomes(rng, kinds, levels, tasks, params, cap)
     systems = {
         (kind.dataset, role): _system_blocks(kind.dataset, role, block)
