@@ -10,7 +10,7 @@ A second pair of runs measures STJF with aging against plain SJF with the
 true lengths (``oracle-stjf`` on ``stjf`` engines against ``oracle-sjf`` on
 ``priority`` engines): Figure 3's queue time, and the longest wait.
 
-    python benchmarks/chimera_eval.py                      # 12 req/s, seeds 0-4 (~3 min)
+    python benchmarks/chimera_eval.py                      # 12 req/s, seeds 0-9 (~1 min)
     python benchmarks/chimera_eval.py --rates 8,12,16      # the paper's three loads
 
 Reported per router: mean E2E per output token of a workflow (the paper's
@@ -150,7 +150,7 @@ def _goals(by: dict, seeds: list[int]) -> tuple[dict, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="12", help="requests per second, comma-separated")
-    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--seeds", default="0-9")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     rates = sorted({float(r) for r in args.rates.split(",")} | {GOAL_RATE})
