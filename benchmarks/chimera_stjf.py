@@ -1,0 +1,130 @@
+"""Chimera's Figure 3 on the simulator: FCFS, SJF and STJF queues on one model (issue 16).
+
+The paper's Figure 3 serves agent workflows with a single Qwen model and compares
+the average queue time under first-come-first-served, shortest-job-first (the
+request's own output) and shortest-total-job-first (the workflow's remaining output),
+reporting STJF 15-34% below SJF. Here, per single-model fleet of scenario
+``chimera`` (Qwen2.5-1.5B or 7B on one A6000, 16 seats) and per seed, the same
+workload runs with true lengths as priorities (the oracle routers, so prediction
+error is out of the comparison):
+
+* ``fcfs``: no priority (``vllm-lb`` on ``priority`` engines);
+* ``sjf``: the request's own output (``oracle-sjf`` on ``priority``);
+* ``stjf``: the workflow's remaining output, no aging (``oracle-stjf`` on ``priority``);
+* ``stjf S=...``: the same on ``stjf`` engines, aging after S passed-over
+  iterations (``--thresholds``; the scenario uses 8192).
+
+Loads are chosen to queue on each model: the 1.5B at 8 req/s (busy) and the 7B at
+3 req/s (well past its capacity: waits of minutes). Reported: mean per-workflow
+queue time (sum over its requests) and the longest single wait; medians over seeds
+with 95% CIs and paired STJF/SJF ratios.
+
+    python benchmarks/chimera_stjf.py                 # seeds 0-4, ~3 min
+
+The last line is one JSON object with every figure (``goals`` empty: the issue's
+STJF goal is judged on the scenario's own fleet by ``chimera_eval.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from typing import Any
+
+from chimera_eval import _config
+from longroute.metrics.workflows import summarize_workflows
+from longroute.sim.scenario import run_scenario
+from longroute.sweep.spec import parse_seeds
+from longroute.sweep.stats import median_estimate, paired_ratio
+
+FLEETS = (("qwen-1.5b", 8.0), ("qwen-7b", 3.0))  # (endpoint of scenario chimera, req/s)
+BASE_ORDERS = {  # name -> (queue policy, its params, router)
+    "fcfs": ("priority", {}, "vllm-lb"),
+    "sjf": ("priority", {}, "oracle-sjf"),
+    "stjf": ("priority", {}, "oracle-stjf"),
+}
+KEYS = ("wf_queue_mean_s", "wf_request_queue_max_s")
+Job = tuple[str, float, int, tuple[int, ...]]
+
+
+def _orders(thresholds: tuple[int, ...]) -> dict[str, tuple[str, dict[str, int], str]]:
+    aging = {f"stjf S={s}": ("stjf", {"starvation_threshold": s}, "oracle-stjf")
+             for s in thresholds}  # fmt: skip
+    return {**BASE_ORDERS, **aging}
+
+
+def run_job(job: Job) -> tuple[Job, dict[str, dict[str, float]]]:
+    endpoint, rate, seed, thresholds = job
+    base = _config(rate)
+    fleet = [e for e in base.fleet if e.name == endpoint]
+    workload = base.workload.model_copy(
+        update={"params": {**base.workload.params, "models": [fleet[0].model]}}
+    )
+    out: dict[str, dict[str, float]] = {}
+    for name, (policy, params, router) in _orders(thresholds).items():
+        update: dict[str, Any] = {"fleet": fleet, "workload": workload, "queue_policy": policy,
+                                  "queue_policy_params": params}  # fmt: skip
+        result = run_scenario(base.model_copy(update=update), seed=seed, routers=[router])
+        summary = summarize_workflows(result.results[router].records)
+        out[name] = {k: float(summary[k] or 0.0) for k in KEYS}  # type: ignore[literal-required]
+    return job, out
+
+
+def _est(values: list[float]) -> str:
+    e = median_estimate(values)
+    ci = "" if e.ci is None else f" [{e.ci[0]:.0f}, {e.ci[1]:.0f}]"
+    return f"{e.median:.1f}{ci}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--thresholds", default="2048,8192,32768",
+                        help="aging thresholds S (iterations), comma-separated")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    seeds = parse_seeds(args.seeds)
+    thresholds = tuple(int(s) for s in args.thresholds.split(","))
+    orders = _orders(thresholds)
+    jobs = [(e, rate, seed, thresholds) for e, rate in FLEETS for seed in seeds]
+    start = time.perf_counter()
+    print(f"{len(jobs)} runs of {len(orders)} queue orders on {args.jobs} workers ...",
+          flush=True)  # fmt: skip
+    by: dict[Job, dict[str, dict[str, float]]] = {}
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for i, (job, figures) in enumerate(pool.imap_unordered(run_job, jobs), start=1):
+            by[job] = figures
+            print(f"  [{i}/{len(jobs)}] {job[0]} {job[1]:g} req/s seed {job[2]} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
+    report: dict[str, Any] = {}
+    for endpoint, rate in FLEETS:
+        series = {o: {k: [by[(endpoint, rate, s, thresholds)][o][k] for s in seeds]
+                      for k in KEYS} for o in orders}  # fmt: skip
+        print(f"\n{endpoint} alone at {rate:g} req/s: median over {len(seeds)} seeds [95% CI]")
+        print(f"{'order':<16}{'workflow queue s':>30}{'longest wait s':>30}")
+        for order in orders:
+            q, m = (_est(series[order][k]) for k in KEYS)
+            print(f"{order:<16}{q:>30}{m:>30}")
+        ratios = {}
+        for order in [o for o in orders if o.startswith("stjf")]:
+            r = paired_ratio(series["sjf"]["wf_queue_mean_s"], series[order]["wf_queue_mean_s"],
+                             is_lower_better=False)  # fmt: skip
+            e = r.estimate
+            ratios[order] = {"sjf_over_it": e.median, "ci": list(e.ci) if e.ci else None,
+                             "num_wins": r.num_wins, "num_seeds": r.num_seeds}  # fmt: skip
+            ci = "" if e.ci is None else f" [{e.ci[0]:.2f}, {e.ci[1]:.2f}]"
+            print(
+                f"queue time {order} vs sjf: {1 - 1 / e.median:+.0%} lower "
+                f"(sjf/{order} {e.median:.2f}{ci}, {r.num_wins}/{r.num_seeds} seeds)"
+            )
+        report[endpoint] = {"rate_rps": rate, "runs": series, "vs_sjf": ratios}
+    print(json.dumps({"benchmark": "chimera_stjf", "seeds": seeds, "fleets": report,
+                      "goals": {}}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
