@@ -117,8 +117,10 @@ def main() -> None:
             ratios[order] = {"sjf_over_it": e.median, "ci": list(e.ci) if e.ci else None,
                              "num_wins": r.num_wins, "num_seeds": r.num_seeds}  # fmt: skip
             ci = "" if e.ci is None else f" [{e.ci[0]:.2f}, {e.ci[1]:.2f}]"
+            change = 1 - 1 / e.median
+            word = "lower" if change >= 0 else "higher"
             print(
-                f"queue time {order} vs sjf: {1 - 1 / e.median:+.0%} lower "
+                f"queue time {order} vs sjf: {abs(change):.0%} {word} "
                 f"(sjf/{order} {e.median:.2f}{ci}, {r.num_wins}/{r.num_seeds} seeds)"
             )
         report[endpoint] = {"rate_rps": rate, "runs": series, "vs_sjf": ratios}
