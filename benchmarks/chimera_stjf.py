@@ -88,7 +88,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     seeds = parse_seeds(args.seeds)
-    thresholds = tuple(int(s) for s in args.thresholds.split(","))
+    try:
+        thresholds = tuple(int(s) for s in args.thresholds.split(","))
+    except ValueError as exc:
+        parser.error(f"--thresholds takes comma-separated integers: {exc}")
+    if any(s < 1 for s in thresholds):
+        parser.error(f"--thresholds must be >= 1 iteration, got {args.thresholds}")
     orders = _orders(thresholds)
     jobs = [(e, rate, seed, thresholds) for e, rate in FLEETS for seed in seeds]
     start = time.perf_counter()

@@ -71,8 +71,14 @@ def main() -> None:
     parser.add_argument("--seeds", default="100-102")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    cells = tuple(itertools.product([float(x) for x in args.slacks.split(",")],
-                                    [float(x) for x in args.margins.split(",")]))  # fmt: skip
+    try:
+        slacks = [float(x) for x in args.slacks.split(",")]
+        margins = [float(x) for x in args.margins.split(",")]
+    except ValueError as exc:
+        parser.error(f"--slacks and --margins take comma-separated numbers: {exc}")
+    if any(not x >= 0 for x in (*slacks, *margins)):
+        parser.error("--slacks and --margins must be >= 0")
+    cells = tuple(itertools.product(slacks, margins))
     seeds = parse_seeds(args.seeds)
     start = time.perf_counter()
     print(f"{len(seeds)} seeds x ({len(cells)} Chimera cells + {len(BASELINES)} baselines) "

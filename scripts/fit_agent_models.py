@@ -23,7 +23,11 @@ import numpy as np
 
 from longroute.workloads.agent_draws import draw_outcomes
 from longroute.workloads.agent_models import DATASETS, MODELS, SCORE_TARGETS
-from longroute.workloads.agent_workflows import draw_tasks
+from longroute.workloads.agent_workflows import (
+    DEFAULT_MAX_TOTAL_OUTPUT_TOKENS,
+    DEFAULT_STAGE_MIX,
+    draw_tasks,
+)
 
 
 def main() -> int:
@@ -31,11 +35,15 @@ def main() -> int:
     parser.add_argument("--num-workflows", type=int, default=100_000)
     parser.add_argument("--tolerance", type=float, default=1e-3, help="skill logits")
     args = parser.parse_args()
+    if args.num_workflows < 1000:
+        parser.error(f"--num-workflows must be >= 1000 to fit a share, got {args.num_workflows}")
+    if not 0 < args.tolerance < 1:
+        parser.error(f"--tolerance must be in (0, 1) logits, got {args.tolerance}")
 
     rng = np.random.default_rng(0)
-    kinds, levels, tasks = draw_tasks(rng, args.num_workflows, DATASETS, (1.0, 1.0, 1.0))
+    kinds, levels, tasks = draw_tasks(rng, args.num_workflows, DATASETS, DEFAULT_STAGE_MIX)
     state = rng.bit_generator.state
-    cap = 28_672
+    cap = DEFAULT_MAX_TOTAL_OUTPUT_TOKENS
 
     def score(model: str, dataset: str, skill: float) -> float:
         params = MODELS[model]

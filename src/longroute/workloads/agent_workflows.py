@@ -118,6 +118,12 @@ def _session(
     return Session(f"wf-{index:06d}", tuple(turns))
 
 
+DEFAULT_STAGE_MIX = (1.0, 1.0, 1.0)
+"""Weights of the 1-, 2- and 4-stage workflows: uniform (the length targets hold for it)."""
+DEFAULT_MAX_TOTAL_OUTPUT_TOKENS = 28_672
+"""Cap of a workflow's total output on any model (see :func:`agent_workflows`)."""
+
+
 def draw_tasks(
     rng: np.random.Generator, size: int, datasets: Sequence[str], stage_mix: Sequence[float]
 ) -> tuple[list[WorkflowKind], list[int], list[TaskText]]:
@@ -149,8 +155,8 @@ def agent_workflows(
     models: Sequence[str] = ("qwen2.5-1.5b", "qwen2.5-7b"),
     datasets: Sequence[str] = ("apps", "math"),
     block_size_tokens: int = 16,
-    stage_mix: Sequence[float] = (1.0, 1.0, 1.0),
-    max_total_output_tokens: int = 28_672,
+    stage_mix: Sequence[float] = DEFAULT_STAGE_MIX,
+    max_total_output_tokens: int = DEFAULT_MAX_TOTAL_OUTPUT_TOKENS,
     tool_time_s: float = 0.0,
 ) -> Workload:
     """``num_workflows`` workflow executions; each dataset equally likely, then the 1-,
