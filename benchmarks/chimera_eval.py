@@ -12,6 +12,7 @@ true lengths (``oracle-stjf`` on ``stjf`` engines against ``oracle-sjf`` on
 
     python benchmarks/chimera_eval.py                      # 12 req/s, seeds 0-9 (~1 min)
     python benchmarks/chimera_eval.py --rates 8,12,16      # the paper's three loads
+    python benchmarks/chimera_eval.py --scenario chimera-14b   # the 1.5B + 14B pairing
 
 Reported per router: mean E2E per output token of a workflow (the paper's
 latency), task score (% workflows right), makespan, queueing; medians over
@@ -45,11 +46,14 @@ SJF = "oracle-sjf@priority"  # plain SJF, true lengths, no aging
 GOAL_RATE = 12.0
 METRICS = ("wf_e2e_per_token_mean_ms", "wf_task_score", "wf_makespan_mean_s", "wf_queue_mean_s",
            "wf_request_queue_max_s")  # fmt: skip
-Job = tuple[float, int]
+SCENARIOS = ("chimera", "chimera-14b")
+Job = tuple[str, float, int]  # (scenario, rate, seed)
 
 
-def _config(rate_rps: float, queue_policy: str | None = None) -> ScenarioConfig:
-    config = load_scenario("chimera")
+def _config(
+    rate_rps: float, queue_policy: str | None = None, scenario: str = "chimera"
+) -> ScenarioConfig:
+    config = load_scenario(scenario)
     clients = config.clients.model_copy(update={"rate_per_s": rate_rps / MEAN_STAGES})
     update: dict[str, Any] = {"clients": clients}
     if queue_policy is not None:
@@ -59,13 +63,14 @@ def _config(rate_rps: float, queue_policy: str | None = None) -> ScenarioConfig:
 
 
 def run_job(job: Job) -> tuple[Job, dict[str, dict[str, Any]]]:
-    """One (load, seed): every router, then plain SJF; their workflow figures."""
-    rate, seed = job
+    """One (scenario, load, seed): every router, then plain SJF; their workflow figures."""
+    scenario, rate, seed = job
     out: dict[str, dict[str, Any]] = {}
-    run = run_scenario(_config(rate), seed=seed, routers=list(ROUTERS))
+    run = run_scenario(_config(rate, scenario=scenario), seed=seed, routers=list(ROUTERS))
     for name, result in run.results.items():
         out[name] = dict(summarize_workflows(result.records))
-    sjf = run_scenario(_config(rate, "priority"), seed=seed, routers=["oracle-sjf"])
+    sjf_config = _config(rate, "priority", scenario)
+    sjf = run_scenario(sjf_config, seed=seed, routers=["oracle-sjf"])
     out[SJF] = dict(summarize_workflows(sjf.results["oracle-sjf"].records))
     return job, out
 
@@ -95,11 +100,11 @@ def _series(by: dict, rate: float, router: str, key: str, seeds: list[int]) -> l
     return [float(by[(rate, seed)][router][key]) for seed in seeds]
 
 
-def _print(by: dict, rates: list[float], seeds: list[int]) -> None:
+def _print(by: dict, rates: list[float], seeds: list[int], scenario: str) -> None:
     cols = (("wf_e2e_per_token_mean_ms", "E2E/token ms"), ("wf_task_score", "task score %"),
             ("wf_makespan_mean_s", "makespan s"))  # fmt: skip
     for rate in rates:
-        print(f"\nchimera at {rate:g} req/s: median over {len(seeds)} seeds [95% CI]")
+        print(f"\n{scenario} at {rate:g} req/s: median over {len(seeds)} seeds [95% CI]")
         print(f"{'router':<20}" + "".join(f"{h:>26}" for _, h in cols))
         for router in (*ROUTERS, SJF):
             cells = "".join(f"{_est(_series(by, rate, router, k, seeds)):>26}" for k, _ in cols)
@@ -151,21 +156,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="12", help="requests per second, comma-separated")
     parser.add_argument("--seeds", default="0-9")
+    parser.add_argument("--scenario", default="chimera", choices=SCENARIOS,
+                        help="chimera (1.5B + 7B; the goals' scenario) or chimera-14b")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     rates = sorted({float(r) for r in args.rates.split(",")} | {GOAL_RATE})
     seeds = parse_seeds(args.seeds)
-    jobs = [(rate, seed) for rate in rates for seed in seeds]
+    jobs = [(args.scenario, rate, seed) for rate in rates for seed in seeds]
     by: dict[tuple[float, int], dict] = {}
     start = time.perf_counter()
     print(f"{len(jobs)} runs of {len(ROUTERS) + 1} routers on {args.jobs} workers "
           "(each worker fits the predictors once, ~20 s) ...", flush=True)  # fmt: skip
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for i, (job, figures) in enumerate(pool.imap_unordered(run_job, jobs), start=1):
-            by[job] = figures
-            print(f"  [{i}/{len(jobs)}] {job[0]:g} req/s seed {job[1]} "
+            by[job[1:]] = figures
+            print(f"  [{i}/{len(jobs)}] {job[1]:g} req/s seed {job[2]} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
-    _print(by, rates, seeds)
+    _print(by, rates, seeds, args.scenario)
     figures, goals = _goals(by, seeds)
     print(f"\nbest baseline at {GOAL_RATE:g} req/s: {figures['best_baseline']}")
     for name, goal in goals.items():
@@ -173,7 +180,8 @@ def main() -> None:
               f"{'met' if goal['met'] else 'NOT met'}")  # fmt: skip
     runs = {f"{rate:g}": {router: {k: _series(by, rate, router, k, seeds) for k in METRICS}
                           for router in (*ROUTERS, SJF)} for rate in rates}  # fmt: skip
-    print(json.dumps({"benchmark": "chimera_eval", "seeds": seeds, "rates_rps": rates,
+    print(json.dumps({"benchmark": "chimera_eval", "scenario": args.scenario,
+                      "seeds": seeds, "rates_rps": rates,
                       "runs": runs, "figures": figures, "goals": goals}))  # fmt: skip
 
 

@@ -9,6 +9,12 @@ better than LTR's (the best baseline there); ties go to the lower latency.
 
     python benchmarks/chimera_tune.py                          # 2 x 3 grid, ~2 min
     python benchmarks/chimera_tune.py --slacks 0.5,2,8 --margins 0.05,0.1,0.15,0.2
+    python benchmarks/chimera_tune.py --slacks 8,32,1000 --margins 0,0.05,0.15 --seeds 100-104
+                                   # the score/latency frontier (docs/chimera.md), ~5 min
+    python benchmarks/chimera_tune.py --scenario chimera-14b   # the 1.5B + 14B pairing
+
+Each cell is also reported as paired per-seed medians: task-score points over
+vllm-lb's, and LTR's E2E per token over the cell's (> 1: faster than LTR).
 
 ``longroute tune`` tunes weights online against a latency objective only; task
 score is not one of its objectives, hence this offline grid. The last line is one
@@ -27,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from chimera_eval import _config
+from chimera_eval import SCENARIOS, _config
 from longroute.metrics.workflows import summarize_workflows
 from longroute.sim.scenario import run_scenario
 from longroute.sweep.spec import parse_seeds
@@ -35,13 +41,13 @@ from longroute.sweep.spec import parse_seeds
 RATE = 12.0
 BASELINES = ("vllm-lb", "ltr")
 Cell = tuple[float, float]  # (latency_slack, confidence_margin)
-Job = tuple[int, tuple[Cell, ...]]
+Job = tuple[str, int, tuple[Cell, ...]]  # (scenario, seed, cells)
 
 
 def run_job(job: Job) -> tuple[int, dict[str, dict[str, float]]]:
     """One seed: the baselines, then Chimera at every cell; E2E per token and score."""
-    seed, cells = job
-    base = _config(RATE)
+    scenario, seed, cells = job
+    base = _config(RATE, scenario=scenario)
     out: dict[str, dict[str, float]] = {}
     run = run_scenario(base, seed=seed, routers=list(BASELINES))
     for name, result in run.results.items():
@@ -70,6 +76,7 @@ def main() -> None:
     parser.add_argument("--margins", default="0.1,0.15,0.2")
     parser.add_argument("--seeds", default="100-102")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--scenario", default="chimera", choices=SCENARIOS)
     args = parser.parse_args()
     try:
         slacks = [float(x) for x in args.slacks.split(",")]
@@ -86,7 +93,7 @@ def main() -> None:
     by: dict[int, dict[str, dict[str, float]]] = {}
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for i, (seed, figures) in enumerate(
-            pool.imap_unordered(run_job, [(s, cells) for s in seeds]), start=1
+            pool.imap_unordered(run_job, [(args.scenario, s, cells) for s in seeds]), start=1
         ):
             by[seed] = figures
             print(f"  [{i}/{len(seeds)}] seed {seed} ({time.perf_counter() - start:.0f} s)",
@@ -98,15 +105,24 @@ def main() -> None:
     eligible = [c for c in cells if medians[_name(c)]["e2e"] <= limit]
     pick = max(eligible, key=lambda c: (medians[_name(c)]["score"], -medians[_name(c)]["e2e"]),
                default=None)  # fmt: skip
-    print(f"\nmedians over seeds {args.seeds} at {RATE:g} req/s")
-    print(f"{'router':<28}{'E2E/token ms':>16}{'task score %':>16}")
+    gains = {n: statistics.median(by[s][n]["score"] - by[s]["vllm-lb"]["score"] for s in seeds)
+             for n in names}  # fmt: skip
+    speedups = {n: statistics.median(by[s]["ltr"]["e2e"] / by[s][n]["e2e"] for s in seeds)
+                for n in names}  # fmt: skip
+    print(
+        f"\n{args.scenario}: medians over seeds {args.seeds} at {RATE:g} req/s "
+        "(paired per seed: points over vllm-lb, LTR's E2E/token over this one's)"
+    )
+    print(f"{'router':<28}{'E2E/token ms':>14}{'task score %':>14}{'points':>10}{'vs LTR':>10}")
     for n in names:
         mark = "  <- pick" if pick is not None and n == _name(pick) else ""
-        print(f"{n:<28}{medians[n]['e2e']:>16.1f}{medians[n]['score']:>16.1f}{mark}")
+        print(f"{n:<28}{medians[n]['e2e']:>14.1f}{medians[n]['score']:>14.1f}"
+              f"{gains[n]:>+10.1f}{speedups[n]:>9.2f}x{mark}")  # fmt: skip
     print(f"pick: best score with E2E/token <= LTR's / 1.2 = {limit:.1f} ms: "
           f"{'none' if pick is None else _name(pick)}")  # fmt: skip
-    print(json.dumps({"benchmark": "chimera_tune", "seeds": seeds, "rate_rps": RATE,
-                      "medians": medians, "runs": by,
+    print(json.dumps({"benchmark": "chimera_tune", "scenario": args.scenario, "seeds": seeds,
+                      "rate_rps": RATE, "medians": medians, "points_over_vllm_lb": gains,
+                      "ltr_over_this_e2e": speedups, "runs": by,
                       "pick": None if pick is None else {"latency_slack": pick[0],
                                                          "confidence_margin": pick[1]},
                       "goals": {}}))  # fmt: skip
