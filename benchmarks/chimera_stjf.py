@@ -4,7 +4,8 @@ The paper's Figure 3 serves agent workflows with a single Qwen model and compare
 the average queue time under first-come-first-served, shortest-job-first (the
 request's own output) and shortest-total-job-first (the workflow's remaining output),
 reporting STJF 15-34% below SJF. Here, per single-model fleet of scenario
-``chimera`` (Qwen2.5-1.5B or 7B on one A6000, 16 seats) and per seed, the same
+``chimera`` (Qwen2.5-1.5B or 7B on one A6000, 16 seats), and on the scenario's
+own pair under ``vllm-lb``'s dispatch at 12 req/s, and per seed, the same
 workload runs with true lengths as priorities (the oracle routers, so prediction
 error is out of the comparison):
 
@@ -16,8 +17,9 @@ error is out of the comparison):
 
 Loads are chosen to queue on each model: the 1.5B at 8 req/s (busy) and the 7B at
 3 req/s (well past its capacity: waits of minutes). Reported: mean per-workflow
-queue time (sum over its requests) and the longest single wait; medians over seeds
-with 95% CIs and paired STJF/SJF ratios.
+queue time (sum over its requests), the same for the 1-, 2- and 4-stage workflows
+apart (STJF moves queueing from short workflows to long ones), and the longest
+single wait; medians over seeds with 95% CIs and paired STJF/SJF ratios.
 
     python benchmarks/chimera_stjf.py                 # seeds 0-4, ~3 min
 
@@ -41,13 +43,15 @@ from longroute.sim.scenario import run_scenario
 from longroute.sweep.spec import parse_seeds
 from longroute.sweep.stats import median_estimate, paired_ratio
 
-FLEETS = (("qwen-1.5b", 8.0), ("qwen-7b", 3.0))  # (endpoint of scenario chimera, req/s)
+PAIR = "both"  # the scenario's own two-model fleet, vllm-lb's dispatch
+FLEETS = (("qwen-1.5b", 8.0), ("qwen-7b", 3.0), (PAIR, 12.0))  # (chimera's endpoint, req/s)
 BASE_ORDERS = {  # name -> (queue policy, its params, router)
     "fcfs": ("priority", {}, "vllm-lb"),
     "sjf": ("priority", {}, "oracle-sjf"),
     "stjf": ("priority", {}, "oracle-stjf"),
 }
 KEYS = ("wf_queue_mean_s", "wf_request_queue_max_s")
+STAGES = (1, 2, 4)  # workflow lengths of the default stage mix
 Job = tuple[str, float, int, tuple[int, ...]]
 
 
@@ -60,18 +64,37 @@ def _orders(thresholds: tuple[int, ...]) -> dict[str, tuple[str, dict[str, int],
 def run_job(job: Job) -> tuple[Job, dict[str, dict[str, float]]]:
     endpoint, rate, seed, thresholds = job
     base = _config(rate)
-    fleet = [e for e in base.fleet if e.name == endpoint]
+    fleet = [e for e in base.fleet if endpoint in (PAIR, e.name)]
+    models = sorted({e.model for e in fleet})
     workload = base.workload.model_copy(
-        update={"params": {**base.workload.params, "models": [fleet[0].model]}}
+        update={"params": {**base.workload.params, "models": models}}
     )
     out: dict[str, dict[str, float]] = {}
     for name, (policy, params, router) in _orders(thresholds).items():
         update: dict[str, Any] = {"fleet": fleet, "workload": workload, "queue_policy": policy,
                                   "queue_policy_params": params}  # fmt: skip
         result = run_scenario(base.model_copy(update=update), seed=seed, routers=[router])
-        summary = summarize_workflows(result.results[router].records)
+        records = result.results[router].records
+        summary = summarize_workflows(records)
         out[name] = {k: float(summary[k] or 0.0) for k in KEYS}  # type: ignore[literal-required]
+        out[name].update(_queue_by_stages(records))
     return job, out
+
+
+def _queue_by_stages(records: Any) -> dict[str, float]:
+    """Mean per-workflow queue time of the 1-, 2- and 4-stage workflows (``queue_s_<n>``)."""
+    total: dict[str, float] = {}
+    stages: dict[str, int] = {}
+    for r in records:
+        if r.program_id is None:
+            continue
+        total[r.program_id] = total.get(r.program_id, 0.0) + (r.queue_s or 0.0)
+        stages[r.program_id] = stages.get(r.program_id, 0) + 1
+    out = {}
+    for n in STAGES:
+        queues = [q for p, q in total.items() if stages[p] == n]
+        out[f"queue_s_{n}"] = sum(queues) / len(queues) if queues else 0.0
+    return out
 
 
 def _est(values: list[float]) -> str:
@@ -107,13 +130,18 @@ def main() -> None:
                   f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
     report: dict[str, Any] = {}
     for endpoint, rate in FLEETS:
+        keys = (*KEYS, *(f"queue_s_{n}" for n in STAGES))
         series = {o: {k: [by[(endpoint, rate, s, thresholds)][o][k] for s in seeds]
-                      for k in KEYS} for o in orders}  # fmt: skip
-        print(f"\n{endpoint} alone at {rate:g} req/s: median over {len(seeds)} seeds [95% CI]")
-        print(f"{'order':<16}{'workflow queue s':>30}{'longest wait s':>30}")
+                      for k in keys} for o in orders}  # fmt: skip
+        where = "both models, vllm-lb's dispatch" if endpoint == PAIR else f"{endpoint} alone"
+        print(f"\n{where} at {rate:g} req/s: median over {len(seeds)} seeds [95% CI]")
+        print(f"{'order':<13}{'workflow queue s':>22}{'longest wait s':>22}"
+              + "".join(f"{f'{n}-stage s':>11}" for n in STAGES))  # fmt: skip
         for order in orders:
             q, m = (_est(series[order][k]) for k in KEYS)
-            print(f"{order:<16}{q:>30}{m:>30}")
+            per = "".join(f"{median_estimate(series[order][f'queue_s_{n}']).median:>11.1f}"
+                          for n in STAGES)  # fmt: skip
+            print(f"{order:<13}{q:>22}{m:>22}{per}")
         ratios = {}
         for order in [o for o in orders if o.startswith("stjf")]:
             r = paired_ratio(series["sjf"]["wf_queue_mean_s"], series[order]["wf_queue_mean_s"],
