@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from longroute.congestion import RegionCongestionConfig
 from longroute.errors import ConfigError as ConfigError  # re-exported: the public home
 from longroute.errors import yaml_error_message
 
@@ -30,6 +31,24 @@ class NetworkConfig(_Model):
     jitter_sigma: float = Field(0.0, ge=0, description="Lognormal sigma of per-request RTT.")
     peak_probability: float = Field(0.0, ge=0, le=1, description="Chance of an RTT peak.")
     peak_multiplier: float = Field(1.0, ge=1, description="RTT multiple during a peak.")
+    congestion: dict[str, RegionCongestionConfig] = Field(
+        default_factory=dict,
+        description="Per region: congestion episodes (normal / congested / down), "
+        "see docs/scenarios.md.",
+    )
+    connect_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="How long a connection attempt to a down region takes "
+        "to fail (the gateway's default connect timeout).",
+    )
+    health_check_interval_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="How often an endpoint marked down by a failed connection is probed again.",
+    )
 
     @model_validator(mode="after")
     def _complete_matrix(self) -> NetworkConfig:
@@ -49,6 +68,11 @@ class NetworkConfig(_Model):
         if self.router_region not in regions:
             raise ValueError(
                 f"router_region {self.router_region!r} not in rtt_ms regions {sorted(regions)}"
+            )
+        unknown = sorted(set(self.congestion) - regions)
+        if unknown:
+            raise ValueError(
+                f"congestion names region(s) {unknown} not in rtt_ms regions {sorted(regions)}"
             )
         object.__setattr__(self, "rtt_ms", full)
         return self

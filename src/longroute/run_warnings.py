@@ -42,6 +42,13 @@ def warn_results(results: Mapping[str, SimResult], where: str = "") -> int:
                 highlight=False,
             )
             count += 1
+        failovers = res.num_failovers
+        if failovers:
+            err.print(
+                f"[dim]note:[/] {escape(prefix + router)}: {failovers} attempt(s) met a down "
+                "region and were routed again (network.congestion)",
+                highlight=False,
+            )
     return count
 
 

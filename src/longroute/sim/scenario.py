@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from longroute.config import ConfigError, ScenarioConfig, load_scenario_file, parse_scenario
+from longroute.congestion import timelines
 from longroute.errors import did_you_mean
 from longroute.estimators.capability import CapabilityModel
 from longroute.estimators.parallel import endpoint_predictor
@@ -370,7 +371,7 @@ def _client_spec(config: ScenarioConfig, trace: Path | None) -> ClientSpec:
 
 
 def _network(config: ScenarioConfig, seed: int) -> Network:
-    """A fresh network per router: every router sees the same RTT draws."""
+    """A fresh network per router: the same RTT draws and congestion episodes for each."""
     net = config.network
     return Network(
         net.rtt_ms,
@@ -379,6 +380,9 @@ def _network(config: ScenarioConfig, seed: int) -> Network:
         jitter_sigma=net.jitter_sigma,
         peak_probability=net.peak_probability,
         peak_multiplier=net.peak_multiplier,
+        congestion=timelines(net.congestion, seed),
+        connect_timeout_s=net.connect_timeout_s,
+        health_check_interval_s=net.health_check_interval_s,
     )
 
 

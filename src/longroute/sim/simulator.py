@@ -69,6 +69,8 @@ class SimResult:
     rejections: tuple[str, ...]  # the first few reasons, for the report
     # queries whose retry the router refused (every model already tried)
     num_exhausted: int = 0
+    # attempts that met a down region and were routed again (network congestion)
+    num_failovers: int = 0
 
 
 class _Flight:
@@ -93,13 +95,14 @@ class _Flight:
         endpoint: str,
         rtt_s: float,
         user: int | None,
+        dispatch_s: float,
     ) -> None:
         self.request = request
         self.session = session
         self.turn_index = turn_index
         self.endpoint = endpoint
         self.rtt_s = rtt_s
-        self.dispatch_s = request.arrival_s
+        self.dispatch_s = dispatch_s
         self.first_token_s: float | None = None
         self.user = user
 
@@ -167,6 +170,8 @@ class Simulation:
         self._next_session = 0
         self._num_rejected = 0
         self._num_exhausted = 0  # queries given up because the router had nothing new
+        self._num_failovers = 0  # attempts that met a down region and were routed again
+        self._probing: set[str] = set()  # endpoints marked down, awaiting a health probe
         self._rejections: list[str] = []
 
     # ---- driving -------------------------------------------------------
@@ -195,6 +200,7 @@ class Simulation:
             num_rejected=self._num_rejected,
             rejections=tuple(self._rejections),
             num_exhausted=self._num_exhausted,
+            num_failovers=self._num_failovers,
         )
 
     def _schedule_next_arrival(self) -> None:
@@ -251,10 +257,16 @@ class Simulation:
         self._dispatch(request, session, turn_index, user)
 
     def _dispatch(
-        self, request: Request, session: Session, turn_index: int, user: int | None
+        self,
+        request: Request,
+        session: Session,
+        turn_index: int,
+        user: int | None,
+        now_s: float | None = None,
     ) -> None:
-        """Route one attempt (issued now) and send it on its way."""
-        now_s = request.arrival_s
+        """Route one attempt (issued at ``now_s``, default its arrival) and send it on its way."""
+        if now_s is None:
+            now_s = request.arrival_s
         try:
             decision = self.router.route(request, self.fleet, now_s)
         except CandidatesExhaustedError:
@@ -290,9 +302,43 @@ class Simulation:
         self.router.on_dispatch(request, name, now_s)
         for observer in self.observers:
             observer.on_dispatch(request, name, now_s)
-        rtt_s = self.network.sample_rtt_s(endpoint.region)
-        flight = _Flight(request, session, turn_index, name, rtt_s, user)
+        if self.network.is_down(endpoint.region, now_s):
+            failed = (request, session, turn_index, user, name)
+            self.loop.at(now_s + self.network.connect_timeout_s, self._connect_failed, failed, None)
+            return
+        rtt_s = self.network.sample_rtt_s(endpoint.region, now_s)
+        flight = _Flight(request, session, turn_index, name, rtt_s, user, now_s)
         self.loop.at(now_s + rtt_s / 2, self._reach_engine, flight, None)
+
+    def _connect_failed(self, failed: tuple[Any, ...], _: object) -> None:
+        """The endpoint's region was down: mark it unhealthy and fail the request over.
+
+        As the gateway does: the connection attempt times out, the endpoint leaves
+        the candidates until a health probe finds its region reachable again, and
+        the same request (same arrival, so its latency counts the lost time) is
+        routed again among the rest. Requests already streaming when a region goes
+        down are not cut off (a simplification).
+        """
+        request, session, turn_index, user, name = failed
+        now_s = self.loop.now_s
+        self.fleet.record_complete(request, name, is_prefill_counted=True)
+        self.router.on_complete(request, name, now_s, False)
+        self._num_failovers += 1
+        if name not in self._probing:
+            self.fleet.set_health(name, False)
+            self._probing.add(name)
+            interval = self.network.health_check_interval_s
+            self.loop.at(now_s + interval, self._health_probe, name, None, is_background=True)
+        self._dispatch(request, session, turn_index, user, now_s)
+
+    def _health_probe(self, name: str, _: object) -> None:
+        now_s = self.loop.now_s
+        if self.network.is_down(self.fleet.endpoint(name).region, now_s):
+            interval = self.network.health_check_interval_s
+            self.loop.at(now_s + interval, self._health_probe, name, None, is_background=True)
+            return
+        self._probing.discard(name)
+        self.fleet.set_health(name, True)
 
     def _reach_engine(self, flight: _Flight, _: object) -> None:
         self.engines[flight.endpoint].submit(flight.request, self.loop.now_s, flight)
