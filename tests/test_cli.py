@@ -26,6 +26,7 @@ ALL_ROUTERS = (
     "load-aware",
     "session-affinity",
     "prefix-cache",
+    "aibrix-prefix-cache",
     "gorgo",
     "vllm-lb",
     "mlfq",

@@ -20,6 +20,7 @@ BUILTIN = [
     "least-load",
     "least-request",
     "prefix-cache",
+    "aibrix-prefix-cache",
     "random",
     "round-robin",
     "session-affinity",

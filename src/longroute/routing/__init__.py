@@ -18,6 +18,7 @@ BUILTIN_ROUTER_MODULES = (
     "longroute.routing.load_aware",
     "longroute.routing.session_affinity",
     "longroute.routing.prefix_cache",
+    "longroute.routing.aibrix_prefix_cache",
     "longroute.routing.laar",
     "longroute.routing.gorgo",
     "longroute.routing.vllm_lb",
