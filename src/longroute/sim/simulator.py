@@ -171,7 +171,6 @@ class Simulation:
         self._num_rejected = 0
         self._num_exhausted = 0  # queries given up because the router had nothing new
         self._num_failovers = 0  # attempts that met a down region and were routed again
-        self._probing: set[str] = set()  # endpoints marked down, awaiting a health probe
         self._rejections: list[str] = []
 
     # ---- driving -------------------------------------------------------
@@ -324,9 +323,8 @@ class Simulation:
         self.fleet.record_complete(request, name, is_prefill_counted=True)
         self.router.on_complete(request, name, now_s, False)
         self._num_failovers += 1
-        if name not in self._probing:
+        if self.fleet.state(name).is_healthy:  # else a probe is already scheduled
             self.fleet.set_health(name, False)
-            self._probing.add(name)
             interval = self.network.health_check_interval_s
             self.loop.at(now_s + interval, self._health_probe, name, None, is_background=True)
         self._dispatch(request, session, turn_index, user, now_s)
@@ -337,7 +335,6 @@ class Simulation:
             interval = self.network.health_check_interval_s
             self.loop.at(now_s + interval, self._health_probe, name, None, is_background=True)
             return
-        self._probing.discard(name)
         self.fleet.set_health(name, True)
 
     def _reach_engine(self, flight: _Flight, _: object) -> None:
