@@ -391,6 +391,21 @@ def test_tuner_ignores_records_from_older_generations_and_untagged_attempts() ->
     assert tuner.trajectory[-1].fitness == pytest.approx(5.0)  # the 0.001 s records never counted
 
 
+def test_tuner_judges_a_failed_over_attempt_once() -> None:
+    """A down region fails the connection and the same attempt is sent again elsewhere:
+    two dispatches, one record. Counting both left the window one record short forever,
+    which froze the tuner after its first failover (gorgo-congestion tuned for 275 s of
+    1,800)."""
+    _, _, tuner = make_tuner(window=2)
+    tuner.on_dispatch(request("a"), "e0", 0.0)
+    tuner.on_dispatch(request("a"), "e1", 5.0)  # failed over: same request, same attempt
+    tuner.on_dispatch(request("b"), "e1", 5.0)
+    tuner.on_record(record("a", 6.0))
+    tuner.on_record(record("b", 1.0))
+    assert tuner.generation == 1
+    assert tuner.trajectory[-1].fitness == pytest.approx(np.percentile([6.0, 1.0], 95))
+
+
 def test_tuner_freeze_sets_incumbent_and_stops() -> None:
     router, _, tuner = make_tuner(window=2)
     feed(tuner, "g0-", 2.0, 2)

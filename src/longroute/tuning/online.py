@@ -84,10 +84,16 @@ class OnlineTuner:
         self._is_frozen = False
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
-        """Called right after an attempt was sent: judge it if the window still has room."""
+        """Called right after an attempt was sent: judge it if the window still has room.
+
+        An attempt sent again (failed over after its connection failed) is judged once:
+        counting it twice would leave the window waiting for a record that never comes.
+        """
+        key = (request.request_id, request.attempt)
         if not self._is_frozen and self._num_judged < self._window_requests:
-            self._tags.add((request.request_id, request.attempt))
-            self._num_judged += 1
+            if key not in self._tags:
+                self._tags.add(key)
+                self._num_judged += 1
 
     def on_record(self, record: RequestRecord) -> None:
         """Called when an attempt finished: count it if it belongs to the current generation."""
