@@ -62,6 +62,22 @@ def emulate_command(
         float,
         typer.Option(help="Round trip added to every request, emulated ms (stands for a region)."),
     ] = 0.0,
+    network_delay_schedule: Annotated[
+        str | None,
+        typer.Option(
+            help="Round trip over time: AT_S:DELAY_MS steps, comma-separated, in emulated "
+            "seconds since start and emulated ms, e.g. 0:40,30:400,60:40; each holds until "
+            "the next (before the first: --network-delay-ms)."
+        ),
+    ] = None,
+    admin: Annotated[
+        bool,
+        typer.Option(
+            "--admin",
+            help="Serve GET/POST /admin/network-delay (read or set the round trip live; a "
+            "set overrides the schedule from then on). Off: no /admin path exists.",
+        ),
+    ] = False,
     error_rate: Annotated[
         float, typer.Option(help="Fraction of requests answered 500 before any byte.")
     ] = 0.0,
@@ -123,6 +139,7 @@ def emulate_command(
 ) -> None:
     """Serve an OpenAI-compatible engine emulator timed by the simulator's engine model."""
     from longroute.emulator.correctness import build_judge
+    from longroute.emulator.network import parse_schedule
     from longroute.emulator.options import build_endpoint, build_engine_policies, build_predictor
     from longroute.emulator.runner import run_emulator
     from longroute.sim.engine_policies import PolicyBuilder
@@ -141,6 +158,10 @@ def emulate_command(
             max_model_len_tokens=max_model_len,
             prefix_block_tokens=prefix_block_tokens,
             network_delay_ms=network_delay_ms,
+            network_delay_schedule=(
+                () if network_delay_schedule is None else parse_schedule(network_delay_schedule)
+            ),
+            admin_enabled=admin,
             error_rate=error_rate,
             hang_rate=hang_rate,
             crash_rate=crash_rate,

@@ -3,13 +3,19 @@
 Each kind of fault draws from its own RNG, seeded from the emulator's seed
 and the kind's name, once per request in arrival order: the n-th request's
 fate depends only on the seed and n, and changing one rate leaves the other
-kinds' decisions unchanged.
+kinds' decisions unchanged. :func:`hang_until_gone` and :func:`cut_connection`
+are how the server carries out a hang and a crash.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
+
+from aiohttp import web
+
+HANG_CHECK_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +72,19 @@ class FaultInjector:
         if is_crash:
             return FaultPlan(crash_after_tokens=self.crash_after_tokens)
         return NO_FAULT
+
+
+def cut_connection(request: web.Request) -> None:
+    """Crash mid-stream: drop the TCP connection without finishing the response."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def hang_until_gone(request: web.Request) -> web.StreamResponse:
+    """Never answer; return once the client has gone (or be cancelled with it)."""
+    while True:
+        await asyncio.sleep(HANG_CHECK_INTERVAL_S)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return web.Response(status=499)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from longroute.emulator.network import DelaySchedule, check_schedule
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.registry import Registry
@@ -34,7 +35,12 @@ class EmulatorOptions:
     real time. ``network_delay_ms`` is a round trip added to every request,
     half before the engine sees it and half before the response starts (it
     stands for a region); like every emulated duration it is divided by
-    ``speed`` on the wall clock. Fault rates are fractions of requests, decided by
+    ``speed`` on the wall clock. ``network_delay_schedule`` changes it over
+    time: ``(at_s, delay_ms)`` steps, at emulated seconds since the emulator
+    started, each in force until the next (before the first,
+    ``network_delay_ms``); ``admin_enabled`` serves ``/admin/network-delay``,
+    which sets it live and overrides the schedule from then on (see
+    :mod:`longroute.emulator.network`). Fault rates are fractions of requests, decided by
     RNGs seeded with ``seed``: ``error_rate`` answer 500 before any byte,
     ``hang_rate`` never answer, ``crash_rate`` of streamed responses have
     their connection cut after ``crash_after_tokens`` tokens.
@@ -71,6 +77,8 @@ class EmulatorOptions:
     prefix_block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS
     gpu_memory_utilization: float = 0.9
     network_delay_ms: float = 0.0
+    network_delay_schedule: DelaySchedule = ()
+    admin_enabled: bool = False
     error_rate: float = 0.0
     hang_rate: float = 0.0
     crash_rate: float = 0.0
@@ -97,6 +105,8 @@ class EmulatorOptions:
             raise ValueError(f"speed must be a finite number > 0, got {self.speed}")
         if not (math.isfinite(self.network_delay_ms) and self.network_delay_ms >= 0.0):
             raise ValueError(f"network_delay_ms must be >= 0, got {self.network_delay_ms}")
+        schedule = check_schedule("network_delay_schedule", self.network_delay_schedule)
+        object.__setattr__(self, "network_delay_schedule", schedule)
         for name in ("error_rate", "hang_rate", "crash_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:  # also rejects NaN

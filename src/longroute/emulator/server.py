@@ -1,13 +1,16 @@
 """The emulator's HTTP server: OpenAI-compatible endpoints over an EngineDriver.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed
-as SSE or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``.
+as SSE or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``; with
+``admin_enabled``, ``GET|POST /admin/network-delay`` (:mod:`.admin`).
 
 Per generation request the handler reads and validates the body, draws the
 request's faults, waits half the network delay (the request travelling),
 submits it to the engine, and starts the response half a delay after the
 engine produced the first token (non-streamed: the last); later streamed
-tokens keep that offset. Response headers are sent with the first token, so
+tokens keep that offset. Each half is the delay in force when it starts
+(:class:`~longroute.emulator.network.NetworkDelay`: fixed, scheduled or set
+by the admin call). Response headers are sent with the first token, so
 a failure before it leaves no byte on the wire (a gateway may retry). With
 an accuracy table, a KV-lookup prompt's reply starts with a right or wrong
 answer (:mod:`longroute.emulator.correctness`), decided after the faults.
@@ -24,10 +27,12 @@ from typing import Any
 
 from aiohttp import web
 
+from longroute.emulator.admin import NetworkDelayAdmin, add_admin_routes
 from longroute.emulator.correctness import KvVerdict, build_judge
 from longroute.emulator.engine_driver import EngineDriver, TokenStream
-from longroute.emulator.faults import FaultInjector, FaultPlan
+from longroute.emulator.faults import FaultInjector, FaultPlan, cut_connection, hang_until_gone
 from longroute.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
+from longroute.emulator.network import NetworkDelay
 from longroute.emulator.options import (
     PRIORITY_SCHEDULERS,
     EmulatorOptions,
@@ -41,7 +46,6 @@ from longroute.headers import ATTEMPT_HEADER
 from longroute.types import Request
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
-HANG_CHECK_INTERVAL_S = 0.25
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -81,7 +85,12 @@ class Emulator:
             seed=options.seed,
         )
         # the delay is in emulated time, like everything else the emulator times
-        self.half_delay_s = options.network_delay_ms / 2000.0 / options.speed
+        self.network = NetworkDelay(
+            options.network_delay_ms,
+            options.network_delay_schedule,
+            speed=options.speed,
+            now_s=self.driver.now_s,
+        )
         self.created = int(time.time())
         assert self.endpoint.max_model_len_tokens is not None
         self.max_model_len_tokens: int = self.endpoint.max_model_len_tokens
@@ -95,8 +104,9 @@ class Emulator:
 
     async def _travel(self) -> None:
         """Half the network round trip (a request arriving or a response leaving)."""
-        if self.half_delay_s:
-            await asyncio.sleep(self.half_delay_s)
+        half_s = self.network.half_trip_wall_s()
+        if half_s:
+            await asyncio.sleep(half_s)
 
     # ---- simple endpoints (delayed too: RTT probes must see the region) ------
     async def health(self, _: web.Request) -> web.Response:
@@ -165,7 +175,7 @@ class Emulator:
             fault = ApiError(500, message, error_type="internal_server_error", code="injected")
             return _error_response(fault)
         if plan.is_hang:
-            return await _hang(request)
+            return await hang_until_gone(request)
         try:
             verdict = self._verdict(request, parsed)
         except ApiError as err:
@@ -219,7 +229,7 @@ class Emulator:
             wall_s, num_tokens = await stream.updates.get()
             if num_tokens >= total:
                 break
-        await _sleep_until(wall_s + self.half_delay_s)
+        await _sleep_until(wall_s + self.network.half_trip_wall_s())
         body = renderer.body(total, parsed.finish_reason, self._usage(parsed, stream))
         return web.Response(body=body, content_type="application/json")
 
@@ -233,12 +243,13 @@ class Emulator:
     ) -> web.StreamResponse:
         total = stream.num_output_tokens
         cut_at = None if plan.crash_after_tokens is None else min(plan.crash_after_tokens, total)
-        updates, half_delay_s = stream.updates, self.half_delay_s
+        updates, network = stream.updates, self.network
         response = web.StreamResponse(headers=_SSE_HEADERS)
         num_sent = 0
         try:
             while num_sent < total:
                 wall_s, num_tokens = await updates.get()
+                half_delay_s = network.half_trip_wall_s()
                 if half_delay_s:
                     await _sleep_until(wall_s + half_delay_s)
                 else:  # everything queued is due: write it in one go
@@ -250,7 +261,7 @@ class Emulator:
                     chunks = renderer.opening_chunk()
                 if cut_at is not None and num_tokens >= cut_at:
                     await response.write(chunks + renderer.token_chunks(num_sent, cut_at))
-                    _cut_connection(request)
+                    cut_connection(request)
                     return response
                 await response.write(chunks + renderer.token_chunks(num_sent, num_tokens))
                 num_sent = num_tokens
@@ -260,22 +271,6 @@ class Emulator:
         except ConnectionResetError:
             pass  # the client left; the handler's finally aborts the sequence
         return response
-
-
-def _cut_connection(request: web.Request) -> None:
-    """Crash mid-stream: drop the TCP connection without finishing the response."""
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
-
-
-async def _hang(request: web.Request) -> web.StreamResponse:
-    """Never answer; return once the client has gone (or be cancelled with it)."""
-    while True:
-        await asyncio.sleep(HANG_CHECK_INTERVAL_S)
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            return web.Response(status=499)
 
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -311,4 +306,6 @@ def create_app(options: EmulatorOptions) -> web.Application:
     app.router.add_get("/v1/models", emulator.models)
     app.router.add_get("/health", emulator.health)
     app.router.add_get("/metrics", emulator.metrics_page)
+    if options.admin_enabled:  # else no admin surface at all: /admin/* is a 404
+        add_admin_routes(app, NetworkDelayAdmin(emulator.network, emulator.driver.now_s))
     return app
