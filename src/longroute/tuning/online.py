@@ -90,10 +90,10 @@ class OnlineTuner:
         counting it twice would leave the window waiting for a record that never comes.
         """
         key = (request.request_id, request.attempt)
-        if not self._is_frozen and self._num_judged < self._window_requests:
-            if key not in self._tags:
-                self._tags.add(key)
-                self._num_judged += 1
+        is_open = not self._is_frozen and self._num_judged < self._window_requests
+        if is_open and key not in self._tags:
+            self._tags.add(key)
+            self._num_judged += 1
 
     def on_record(self, record: RequestRecord) -> None:
         """Called when an attempt finished: count it if it belongs to the current generation."""
