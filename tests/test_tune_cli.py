@@ -98,3 +98,35 @@ def test_window_and_tuning_sections_are_validated() -> None:
     bounds = {"queue_weight": [2.0, 1.0]}
     with pytest.raises(ConfigError, match=r"tuning.bounds.queue_weight: need 0 < low < high"):
         parse_scenario({**data, "tuning": {**data["tuning"], "bounds": bounds}}, "x")
+
+
+def test_validation_freezes_the_best_incumbent_run_frozen_on_the_tuning_window(
+    tmp_path: Path,
+) -> None:
+    """``validate_last``: the last distinct incumbents each run frozen on the whole tuning
+    window; the one with the lowest objective is frozen, whichever came last."""
+    from longroute.sim.tune import TuneOptions, tune_scenario
+    from longroute.sim.windows import run_windows
+    from longroute.tuning import as_tunable, get_objective
+
+    config = load_scenario(str(_small_scenario(tmp_path)))
+    run = tune_scenario(config, TuneOptions(validate_last=3), seed=1)
+    incumbents: list[dict[str, float]] = []
+    for step in run.trajectory:
+        if step.incumbent not in incumbents:
+            incumbents.append(step.incumbent)
+    assert len(incumbents) >= 3 and [v.weights for v in run.validation] == incumbents[-3:]
+    best = min(run.validation, key=lambda v: v.fitness)
+    assert run.frozen.weights == best.weights
+    assert len(run.frozen.tuned_on["validated"]) == len(run.validation)
+    # a validation fitness is what a frozen run of the window measures
+    weights = run.validation[0].weights
+    (window,) = run_windows(
+        config, seed=1, routers=["gorgo"], only=["full"],
+        prepare_router=lambda _, router: as_tunable(router).set_weights(weights) or (),
+    )  # fmt: skip
+    records = window.run.results["gorgo"].records
+    objective = get_objective(config.tuning.objective if config.tuning else "mix")
+    expected = objective.value([r.ttft_s for r in records], [r.e2e_s for r in records])
+    assert run.validation[0].fitness == pytest.approx(expected)
+    assert tune_scenario(config, TuneOptions(), seed=1).validation == ()

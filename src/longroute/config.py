@@ -259,6 +259,14 @@ class TuningConfig(_Model):
         description="Re-measure the incumbent after this many proposals and keep the mean "
         "of its measurements (None = never; a lucky window then sticks).",
     )
+    validate_last: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Before freezing, run the last this many distinct incumbents frozen on "
+        "the whole tuning window and keep the best by the objective (0 = keep the last "
+        "incumbent). Short judging windows miss damage that builds up over minutes.",
+    )
     initial: dict[str, float] | None = Field(
         None, description="Starting weights (None = the router's own defaults)."
     )

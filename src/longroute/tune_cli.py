@@ -63,6 +63,15 @@ def tune_command(
     window_requests: Annotated[
         int | None, typer.Option(help="Requests judging each candidate (default 64).")
     ] = None,
+    validate_last: Annotated[
+        int | None,
+        typer.Option(
+            help="Run the last N distinct incumbents frozen on the tuning window and freeze "
+            "the best (default: tuning.validate_last, 0).",
+            min=0,
+            max=64,
+        ),
+    ] = None,
     unbounded: Annotated[
         bool,
         typer.Option(help="Ignore the scenario's weight bounds (the reward-hacking ablation)."),
@@ -88,7 +97,9 @@ def tune_command(
     from longroute.tuning import save_weights
 
     console = _console(json_output)
-    options = TuneOptions(router, window, objective, window_requests, unbounded)
+    options = TuneOptions(
+        router, window, objective, window_requests, unbounded, validate_last=validate_last
+    )
     try:
         run = _tune_with_progress(load_scenario(scenario), options, seed)
     except _ERRORS as exc:
@@ -142,7 +153,10 @@ def _tune_with_progress(config: ScenarioConfig, options: TuneOptions, seed: int 
             now_s = step.now_s if duration_s is None else min(step.now_s, duration_s)
             progress.update(task, completed=now_s, steps=step.step + 1)
 
-        return tune_scenario(config, options, seed=seed, on_step=on_step)
+        def on_validate(index: int, count: int) -> None:
+            progress.update(task, description=f"{description} (validating {index + 1}/{count})")
+
+        return tune_scenario(config, options, seed=seed, on_step=on_step, on_validate=on_validate)
 
 
 # ---- simulate with frozen weights / windows --------------------------------------

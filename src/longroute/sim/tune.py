@@ -43,6 +43,15 @@ class TuneOptions:
     window_requests: int | None = None
     is_unbounded: bool = False
     initial: Mapping[str, float] | None = None
+    validate_last: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    """One incumbent of the tuning run, run frozen on the whole tuning window."""
+
+    weights: dict[str, float]
+    fitness: float  # the tuning objective over every request of that run
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,7 @@ class TuneRun:
     trajectory: tuple[TunerStep, ...]
     result: SimResult  # the tuning window, run while tuning (weights changing)
     bounds: dict[str, WeightBound]
+    validation: tuple[Validation, ...] = ()  # the candidates run frozen; the best is frozen
 
 
 def tuning_of(config: ScenarioConfig, options: TuneOptions) -> TuningConfig:
@@ -64,7 +74,7 @@ def tuning_of(config: ScenarioConfig, options: TuneOptions) -> TuningConfig:
             )
         base = TuningConfig(window=options.window)
     update: dict[str, object] = {}
-    for key in ("router", "window", "objective", "window_requests"):
+    for key in ("router", "window", "objective", "window_requests", "validate_last"):
         value = getattr(options, key)
         if value is not None:
             update[key] = value
@@ -103,10 +113,12 @@ def tune_scenario(
     *,
     seed: int | None = None,
     on_step: Callable[[TunerStep], None] | None = None,
+    on_validate: Callable[[int, int], None] | None = None,
 ) -> TuneRun:
     """Run the tuning window with the tuner live; freeze and return the incumbent weights.
 
-    ``on_step``, if given, is called with each tuner step as its judging window closes.
+    ``on_step``, if given, is called with each tuner step as its judging window closes;
+    ``on_validate`` with (index, count) before each frozen validation run.
     """
     seed = config.seed if seed is None else seed
     tuning = tuning_of(config, options)
@@ -122,7 +134,11 @@ def tune_scenario(
             initial, bounds, rng, sigma0=tuning.sigma0, reevaluate_every=tuning.reevaluate_every
         )
         tuner = OnlineTuner(
-            tunable, es, objective, window_requests=tuning.window_requests, on_step=on_step
+            tunable,
+            es,
+            objective,
+            window_requests=tuning.window_requests,
+            on_step=on_step,
         )
         made.append((tuner, bounds))
         return [tuner]
@@ -138,6 +154,9 @@ def tune_scenario(
             f"than one judging window ({tuning.window_requests}); nothing was tuned"
         )
     weights = tuner.freeze()
+    validation = _validate(config, tuning, seed, tuner.trajectory, on_validate)
+    if validation:
+        weights = dict(min(validation, key=lambda v: v.fitness).weights)
     frozen = FrozenWeights(
         router=tuning.router,
         weights=weights,
@@ -151,6 +170,42 @@ def tune_scenario(
             "num_steps": len(tuner.trajectory),
             "num_requests": len(result.records),
             "bounds": {k: [b.low, b.high] for k, b in bounds.items()},
+            "validated": [{"weights": v.weights, "fitness": v.fitness} for v in validation],
         },
     )
-    return TuneRun(frozen, tuner.trajectory, result, bounds)
+    return TuneRun(frozen, tuner.trajectory, result, bounds, tuple(validation))
+
+
+def _validate(
+    config: ScenarioConfig,
+    tuning: TuningConfig,
+    seed: int,
+    trajectory: Sequence[TunerStep],
+    on_validate: Callable[[int, int], None] | None,
+) -> list[Validation]:
+    """The last ``tuning.validate_last`` distinct incumbents, each run frozen on the whole
+    tuning window (same draw); their objective over every request of the window."""
+    if not tuning.validate_last:
+        return []
+    incumbents: list[dict[str, float]] = []
+    for step in trajectory:
+        if step.incumbent not in incumbents:
+            incumbents.append(dict(step.incumbent))
+    candidates = incumbents[-tuning.validate_last :]
+    objective = get_objective(tuning.objective)
+    out = []
+    for i, weights in enumerate(candidates):
+        if on_validate is not None:
+            on_validate(i, len(candidates))
+
+        def prepare(_: str, router: Router, weights: dict[str, float] = weights) -> tuple[()]:
+            as_tunable(router).set_weights(weights)
+            return ()
+
+        (run,) = run_windows(
+            config, seed=seed, routers=[tuning.router], only=[tuning.window], prepare_router=prepare
+        )
+        records = run.run.results[tuning.router].records
+        fitness = objective.value([r.ttft_s for r in records], [r.e2e_s for r in records])
+        out.append(Validation(weights, fitness))
+    return out
