@@ -41,6 +41,8 @@ LATE_S = 0.1  # a timed round trip may take this much more than its delay (loade
         ("0:40,30:400,60:40", ((0.0, 40.0), (30.0, 400.0), (60.0, 40.0))),
         (" 0 : 40 , 2.5:0 ", ((0.0, 40.0), (2.5, 0.0))),
         ("10:1e3", ((10.0, 1000.0),)),
+        ("0:40,30:down,50:40", ((0.0, 40.0), (30.0, "down"), (50.0, 40.0))),
+        (" 5 : down ", ((5.0, "down"),)),
         (f"0:{MAX_DELAY_MS:g}", ((0.0, MAX_DELAY_MS),)),
     ],
 )
@@ -57,6 +59,10 @@ def test_schedule_parses(text: str, steps: tuple[tuple[float, float], ...]) -> N
         ("0:40:5", "step 1 is '0:40:5'"),
         ("soon:40", "step 1 is 'soon:40'"),
         ("0:fast", "step 1 is '0:fast'"),
+        ("0:DOWN", "step 1 is '0:DOWN'; want AT_S:DELAY_MS or AT_S:down"),
+        ("0:40,9:downs", "step 2 is '9:downs'"),
+        ("down:40", "step 1 is 'down:40'"),
+        ("0:down,0:40", "step 2: times must increase, got 0 s after 0 s"),
         ("-1:40", "step 1: the time must be finite and >= 0 s, got -1"),
         ("nan:40", "step 1: the time must be finite and >= 0 s, got nan"),
         ("inf:40", "step 1: the time must be finite and >= 0 s, got inf"),
@@ -82,6 +88,8 @@ def test_options_check_and_normalise_the_schedule() -> None:
         (((0, True),), "step 1: the delay must be a number of milliseconds"),
         ((("0", 5),), "step 1: the time must be a number of seconds"),
         (((0, 5, 1),), "step 1 must be (at_s, delay_ms)"),
+        (((0, "up"),), "step 1: the delay must be a number of milliseconds or 'down', got 'up'"),
+        (((0, None),), "step 1: the delay must be a number of milliseconds, got None"),
         (((3, 5), (1, 5)), "step 2: times must increase"),
     ]:
         with pytest.raises(ValueError, match=r"^network_delay_schedule") as caught:
@@ -249,9 +257,15 @@ async def _chunked(data: bytes, size: int) -> AsyncIterator[bytes]:
         (b"{not json", "the body must be JSON"),
         (b"", "the body must be JSON"),
         (b"\xff\xfe", "the body must be JSON"),
-        (b"[1]", 'exactly one key, "delay_ms"'),
-        (b"{}", 'exactly one key, "delay_ms"'),
-        (b'{"delay_ms": 5, "extra": 1}', 'exactly one key, "delay_ms"'),
+        (b"[1]", '"delay_ms", "down" or both, and no other key'),
+        (b"{}", '"delay_ms", "down" or both, and no other key'),
+        (b'{"delay_ms": 5, "extra": 1}', '"delay_ms", "down" or both, and no other key'),
+        (b'{"down": true, "up": false}', '"delay_ms", "down" or both, and no other key'),
+        (b'{"down": 1}', "down must be true or false, got 1"),
+        (b'{"down": "true"}', "down must be true or false, got 'true'"),
+        (b'{"down": null}', "down must be true or false, got None"),
+        (b'{"down": true, "delay_ms": -1}', "delay_ms must be a finite number"),  # neither is set
+        (b'{"down": [true], "delay_ms": 5}', "down must be true or false"),
         (b'{"delay_ms": -1}', "delay_ms must be a finite number in [0, 600000] ms, got -1"),
         (b'{"delay_ms": 600001}', "delay_ms must be a finite number in [0, 600000] ms"),
         (b'{"delay_ms": NaN}', "NaN is not a JSON number"),
@@ -278,6 +292,9 @@ def test_admin_rejects_bad_bodies_with_400_and_keeps_the_delay(
                 assert error["type"] == "invalid_request_error"
                 assert message in error["message"], error["message"]
             async with session.get(url + NETWORK_DELAY_PATH) as response:
-                assert (await response.json())["delay_ms"] == 20.0
+                state = await response.json()
+            assert (state["delay_ms"], state["source"]) == (20.0, "fixed")
+            assert (state["down"], state["down_source"]) == (False, "schedule")
+            assert_round_trip(await health_s(url, session), 20.0)  # up: nothing was set
 
     asyncio.run(scenario())

@@ -67,15 +67,17 @@ def emulate_command(
         typer.Option(
             help="Round trip over time: AT_S:DELAY_MS steps, comma-separated, in emulated "
             "seconds since start and emulated ms, e.g. 0:40,30:400,60:40; each holds until "
-            "the next (before the first: --network-delay-ms)."
+            "the next (before the first: --network-delay-ms). AT_S:down takes the region "
+            "down until the next step (every connection but --admin's is cut)."
         ),
     ] = None,
     admin: Annotated[
         bool,
         typer.Option(
             "--admin",
-            help="Serve GET/POST /admin/network-delay (read or set the round trip live; a "
-            "set overrides the schedule from then on). Off: no /admin path exists.",
+            help="Serve GET/POST /admin/network-delay (read or set the round trip, or "
+            "take the region down, live; a set overrides the schedule from then on). "
+            "Off: no /admin path exists.",
         ),
     ] = False,
     error_rate: Annotated[

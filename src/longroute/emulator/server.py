@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed
 as SSE or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``; with
-``admin_enabled``, ``GET|POST /admin/network-delay`` (:mod:`.admin`).
+``admin_enabled``, ``GET|POST /admin/network-delay`` (:mod:`.admin`). While
+the network is down every other request loses its connection (:mod:`.outage`).
 
 Per generation request the handler reads and validates the body, draws the
 request's faults, waits half the network delay (the request travelling),
@@ -27,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from longroute.emulator.admin import NetworkDelayAdmin, add_admin_routes
+from longroute.emulator.admin import NETWORK_DELAY_PATH, NetworkDelayAdmin, add_admin_routes
 from longroute.emulator.correctness import KvVerdict, build_judge
 from longroute.emulator.engine_driver import EngineDriver, TokenStream
 from longroute.emulator.faults import FaultInjector, FaultPlan, cut_connection, hang_until_gone
@@ -40,6 +41,7 @@ from longroute.emulator.options import (
     build_engine_policies,
     build_predictor,
 )
+from longroute.emulator.outage import Outage, install_outage
 from longroute.emulator.protocol import ApiError, ApiKind, ParsedRequest, parse_request
 from longroute.emulator.responses import ReplyRenderer, usage
 from longroute.headers import ATTEMPT_HEADER
@@ -306,6 +308,10 @@ def create_app(options: EmulatorOptions) -> web.Application:
     app.router.add_get("/v1/models", emulator.models)
     app.router.add_get("/health", emulator.health)
     app.router.add_get("/metrics", emulator.metrics_page)
+    admin_paths = (NETWORK_DELAY_PATH,) if options.admin_enabled else ()
+    outage = Outage(emulator.network, emulator.driver.wall_of, exempt_paths=admin_paths)
+    install_outage(app, outage)  # after the driver's startup: the watcher reads its clock
     if options.admin_enabled:  # else no admin surface at all: /admin/* is a 404
-        add_admin_routes(app, NetworkDelayAdmin(emulator.network, emulator.driver.now_s))
+        admin = NetworkDelayAdmin(emulator.network, emulator.driver.now_s, outage.cut_if_down)
+        add_admin_routes(app, admin)
     return app
