@@ -38,12 +38,14 @@ class EmulatorOptions:
     ``speed`` on the wall clock. ``network_delay_schedule`` changes it over
     time: ``(at_s, delay_ms)`` steps, at emulated seconds since the emulator
     started, each in force until the next (before the first,
-    ``network_delay_ms``); ``admin_enabled`` serves ``/admin/network-delay``,
-    which sets it live and overrides the schedule from then on (see
-    :mod:`longroute.emulator.network`). Fault rates are fractions of requests, decided by
-    RNGs seeded with ``seed``: ``error_rate`` answer 500 before any byte,
-    ``hang_rate`` never answer, ``crash_rate`` of streamed responses have
-    their connection cut after ``crash_after_tokens`` tokens.
+    ``network_delay_ms``), or ``(at_s, "down")``: the region cannot be reached
+    until the next step; ``admin_enabled`` serves ``/admin/network-delay``,
+    which sets the delay or takes the region down live and overrides the
+    schedule from then on (see :mod:`longroute.emulator.network`). Fault
+    rates are fractions of requests, decided by RNGs seeded with ``seed``:
+    ``error_rate`` answer 500 before any byte, ``hang_rate`` never answer,
+    ``crash_rate`` of streamed responses have their connection cut after
+    ``crash_after_tokens`` tokens.
 
     ``accuracy_table`` (a built-in name such as ``laar-default``, or a YAML
     path) turns on answer correctness for KV-lookup prompts (see
