@@ -63,7 +63,9 @@ def check_schedule(name: str, steps: Sequence[Sequence[object]]) -> DelaySchedul
     checked: list[tuple[float, float | Literal["down"]]] = []
     for i, step in enumerate(steps, start=1):
         if len(step) != 2:
-            raise ValueError(f"{name} step {i} must be (at_s, delay_ms), got {step!r}")
+            raise ValueError(
+                f"{name} step {i} must be (at_s, delay_ms) or (at_s, 'down'), got {step!r}"
+            )
         at_s, delay = step
         if isinstance(at_s, bool) or not isinstance(at_s, int | float):
             raise ValueError(f"{name} step {i}: the time must be a number of seconds, got {at_s!r}")
