@@ -36,20 +36,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-from longroute.emulator import EmulatorOptions, start_emulator
-from longroute.emulator.admin import NETWORK_DELAY_PATH
 from longroute.gateway import GatewaySecrets, serve_gateway
 from longroute.gateway.config import parse_gateway_config
 from longroute.headers import ENDPOINT_HEADER
+from region_emulators import PROFILE, change_network, metric_samples, region_emulators
 
-PROFILE = "llama-3-8b"
 SPEED = 10.0
 REGIONS = ("east", "west", "south")
 DOWN = "west"
@@ -75,21 +71,6 @@ class Sent:
     error: str | None = None
 
 
-@contextlib.asynccontextmanager
-async def regions() -> AsyncIterator[dict[str, str]]:
-    """The emulators (admin on, 10 ms wall round trip), their URLs by name."""
-    async with contextlib.AsyncExitStack() as stack:
-        urls = {}
-        for name in REGIONS:
-            options = EmulatorOptions(
-                profile=PROFILE, port=0, speed=SPEED, network_delay_ms=10.0 * SPEED,
-                admin_enabled=True,
-            )  # fmt: skip
-            runner, urls[name] = await start_emulator(options)
-            stack.push_async_callback(runner.cleanup)
-        yield urls
-
-
 def gateway_config(urls: dict[str, str]) -> dict[str, object]:
     return {
         "backends": [
@@ -104,22 +85,10 @@ def gateway_config(urls: dict[str, str]) -> dict[str, object]:
     }
 
 
-async def samples(http: aiohttp.ClientSession, url: str, name: str) -> dict[str, float]:
-    """``name``'s samples on ``url``/metrics, by their ``endpoint`` label ("" without one)."""
-    async with http.get(url + "/metrics") as response:
-        text = await response.text()
-    return {
-        sample.labels.get("endpoint", ""): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    }
-
-
 async def until_healthy_is(http: aiohttp.ClientSession, gateway: str, value: float) -> float:
     """Polls the gateway's ``longroute_backend_healthy`` of DOWN; the time it read ``value``."""
     deadline_s = time.monotonic() + 10.0
-    while (await samples(http, gateway, "longroute_backend_healthy")).get(DOWN) != value:
+    while (await metric_samples(http, gateway, "longroute_backend_healthy")).get(DOWN) != value:
         assert time.monotonic() < deadline_s, f"{DOWN} never read healthy={value}"
         await asyncio.sleep(POLL_S)
     return time.monotonic()
@@ -156,15 +125,6 @@ async def send_until(
     await asyncio.gather(*tasks)
 
 
-async def set_down(http: aiohttp.ClientSession, url: str, is_down: bool) -> float:
-    """Takes the region at ``url`` down or up; the monotonic time just before the call."""
-    changed_s = time.monotonic()
-    async with http.post(url + NETWORK_DELAY_PATH, json={"down": is_down}) as response:
-        assert response.status == 200, await response.text()
-        assert (await response.json())["down"] is is_down
-    return changed_s
-
-
 async def until_running_on(http: aiohttp.ClientSession, url: str) -> None:
     """Until the emulator at ``url`` runs at least one request (read from its /metrics)."""
     deadline_s = time.monotonic() + 5.0
@@ -184,7 +144,7 @@ def test_a_region_that_goes_down_loses_its_traffic_without_failing_a_request() -
         stop = asyncio.Event()
         secrets = GatewaySecrets({}, None)
         async with (
-            regions() as urls,
+            region_emulators(dict.fromkeys(REGIONS, 10.0), SPEED) as urls,
             serve_gateway(parse_gateway_config(gateway_config(urls), "region-down"), secrets,
                           host="127.0.0.1", port=0) as running,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as http,
@@ -197,18 +157,18 @@ def test_a_region_that_goes_down_loses_its_traffic_without_failing_a_request() -
             sender = asyncio.create_task(send_until(http, gateway, stop, records))
             await asyncio.sleep(BASELINE_S)
             await until_running_on(http, urls[DOWN])  # so that a request in flight is cut
-            down_s = await set_down(http, urls[DOWN], True)
+            down_s = await change_network(http, urls[DOWN], down=True)
             opened_s = await until_healthy_is(http, gateway, 0.0)
             async with http.get(gateway + "/admin/fleet") as response:
                 circuit = (await response.json())["backends"][DOWN]["circuit"]
             await asyncio.sleep(HOLD_S)
-            up_s = await set_down(http, urls[DOWN], False)
+            up_s = await change_network(http, urls[DOWN], down=False)
             closed_s = await until_healthy_is(http, gateway, 1.0)
             await asyncio.sleep(HOLD_S)
             stop.set()
             await sender
-            retries = await samples(http, gateway, "longroute_retries_total")
-            aborted = await samples(http, urls[DOWN], "longroute:requests_aborted_total")
+            retries = await metric_samples(http, gateway, "longroute_retries_total")
+            aborted = await metric_samples(http, urls[DOWN], "longroute:requests_aborted_total")
         return {
             "records": records, "down_s": down_s, "opened_s": opened_s, "up_s": up_s,
             "closed_s": closed_s, "circuit": circuit, "retries": retries.get("", 0.0),

@@ -42,22 +42,18 @@ moves (or never comes back) fails it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
 
-from longroute.emulator import EmulatorOptions, start_emulator
-from longroute.emulator.admin import NETWORK_DELAY_PATH
 from longroute.estimators.rtt import RttEwma
 from longroute.gateway import GatewaySecrets, serve_gateway
 from longroute.gateway.config import parse_gateway_config
 from longroute.headers import ENDPOINT_HEADER, SESSION_HEADER
+from region_emulators import PROFILE, change_network, metric_samples, region_emulators
 
-PROFILE = "llama-3-8b"
 SPEED = 10.0
 DELAY_WALL_MS = {"near": 20.0, "mid": 100.0, "far": 150.0}
 RAISED_WALL_MS = 300.0
@@ -92,21 +88,6 @@ class Sent:
     endpoint: str | None = None
 
 
-@contextlib.asynccontextmanager
-async def regions() -> AsyncIterator[dict[str, str]]:
-    """The three emulators (admin on), their URLs by name."""
-    async with contextlib.AsyncExitStack() as stack:
-        urls = {}
-        for name, delay_ms in DELAY_WALL_MS.items():
-            options = EmulatorOptions(
-                profile=PROFILE, port=0, speed=SPEED, network_delay_ms=delay_ms * SPEED,
-                admin_enabled=True,
-            )  # fmt: skip
-            runner, urls[name] = await start_emulator(options)
-            stack.push_async_callback(runner.cleanup)
-        yield urls
-
-
 def gateway_config(urls: dict[str, str]) -> dict[str, object]:
     return {
         "backends": [
@@ -117,19 +98,6 @@ def gateway_config(urls: dict[str, str]) -> dict[str, object]:
         "health": {"interval_s": 30.0, "timeout_s": 5.0},
         "rtt_probe_interval_s": PROBE_INTERVAL_S,
         "scrape_interval_s": None,
-    }
-
-
-async def rtt_estimates(http: aiohttp.ClientSession, gateway_url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with http.get(gateway_url + "/metrics") as response:
-        text = await response.text()
-    return {
-        sample.labels["endpoint"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "longroute_backend_rtt_ms"
     }
 
 
@@ -168,14 +136,6 @@ async def send_for(
     return records
 
 
-async def set_near_delay(http: aiohttp.ClientSession, url: str, wall_ms: float) -> float:
-    """Set near's delay; returns the monotonic time just before the call (the change is after)."""
-    changed_s = time.monotonic()
-    async with http.post(url + NETWORK_DELAY_PATH, json={"delay_ms": wall_ms * SPEED}) as response:
-        assert response.status == 200, await response.text()
-    return changed_s
-
-
 def time_to_switch(records: list[Sent], changed_s: float, is_old_way: bool) -> float:
     """Seconds from the change to the last request still routed the old way (0 if none)."""
     old = [r.sent_s for r in records if (r.endpoint == NEAR) == is_old_way]
@@ -204,7 +164,7 @@ def test_gorgo_moves_traffic_off_a_region_whose_rtt_jumps_and_back() -> None:
         tasks: list[asyncio.Task[None]] = []
         secrets = GatewaySecrets({}, None)
         async with (
-            regions() as urls,
+            region_emulators(DELAY_WALL_MS, SPEED) as urls,
             serve_gateway(parse_gateway_config(gateway_config(urls), "rtt-shift"), secrets,
                           host="127.0.0.1", port=0) as running,
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10.0)) as http,
@@ -212,16 +172,21 @@ def test_gorgo_moves_traffic_off_a_region_whose_rtt_jumps_and_back() -> None:
             # every backend probed (the first probe only opens the connection)
             deadline_s = time.monotonic() + 10.0
             while (
-                len(estimates := await rtt_estimates(http, running.url)) < 3
+                len(
+                    estimates := await metric_samples(http, running.url, "longroute_backend_rtt_ms")
+                )
+                < 3
                 or min(estimates.values()) <= 0.0
             ):
                 assert time.monotonic() < deadline_s, f"no RTT estimates: {estimates}"
                 await asyncio.sleep(0.05)
             baseline = await send_for(http, running.url, 1.0, tasks)
-            changed_s = await set_near_delay(http, urls[NEAR], RAISED_WALL_MS)
+            changed_s = await change_network(http, urls[NEAR], delay_ms=RAISED_WALL_MS * SPEED)
             raised = await send_for(http, running.url, move_limit_s + HOLD_S, tasks)
-            raised_rtt = await rtt_estimates(http, running.url)
-            restored_s = await set_near_delay(http, urls[NEAR], DELAY_WALL_MS[NEAR])
+            raised_rtt = await metric_samples(http, running.url, "longroute_backend_rtt_ms")
+            restored_s = await change_network(
+                http, urls[NEAR], delay_ms=DELAY_WALL_MS[NEAR] * SPEED
+            )
             restored = await send_for(http, running.url, back_limit_s + HOLD_S, tasks)
             await asyncio.gather(*tasks)
         print(f"RTT estimates before the change {estimates}, before restoring {raised_rtt}")
