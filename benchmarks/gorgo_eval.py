@@ -225,8 +225,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--quick", action="store_true", help="seeds 10-11, tuner seeds 0-1")
     args = parser.parse_args()
-    seeds = parse_seeds("10-11" if args.quick else args.seeds)
-    tuner_seeds = parse_seeds("0-1" if args.quick else args.tuner_seeds)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        seeds = parse_seeds("10-11" if args.quick else args.seeds)
+        tuner_seeds = parse_seeds("0-1" if args.quick else args.tuner_seeds)
+    except ValueError as exc:
+        parser.error(str(exc))
     start = time.perf_counter()
     context = multiprocessing.get_context("spawn")
 
