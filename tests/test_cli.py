@@ -30,6 +30,7 @@ ALL_ROUTERS = (
     "gorgo",
     "vllm-lb",
     "mlfq",
+    "ttca",
 )
 REQUIRED_METRICS = (
     "ttft_p95_s",

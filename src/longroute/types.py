@@ -195,3 +195,7 @@ class RouteDecision:
     """Scheduling key for the chosen endpoint's queue (lower first), e.g. Chimera's
     predicted remaining workflow output tokens; the owner writes it into the request it
     dispatches. ``None``: the router has no opinion."""
+    predicted_ttft_s: float | None = None
+    """The router's prediction of the chosen endpoint's time to first token, network
+    included (``ttca``); the gateway sends it as ``x-longroute-predicted-ttft-ms``.
+    ``None``: the router makes no such prediction."""

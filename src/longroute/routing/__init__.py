@@ -26,6 +26,7 @@ BUILTIN_ROUTER_MODULES = (
     "longroute.routing.ltr",
     "longroute.routing.oracle_stjf",
     "longroute.routing.chimera",
+    "longroute.routing.ttca",
 )
 
 

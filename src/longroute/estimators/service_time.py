@@ -1,0 +1,223 @@
+"""Seconds a request would spend at one endpoint: queue, prefill and decode, learned online.
+
+:class:`EndpointTimeModel` is the router-side picture of one replica that the
+``ttca`` router prices requests with. It keeps the work this router sent there
+(O(1) counters, updated at dispatch, first token and completion) and predicts,
+for a new request with ``uncached`` prompt tokens after ``cached`` ones:
+
+* **prefill phase** (queue wait plus its own prefill): every prompt token
+  still owed by requests dispatched before it (FCFS, as vLLM and SGLang
+  schedule prefills), then its own, run in chunks of at most
+  ``max_num_batched_tokens - decodes`` tokens next to the running decodes (the
+  chunked-prefill iteration of vLLM v1 and Sarathi). The phase is
+  ``n`` iterations of the average chunk, each timed by the endpoint's
+  :class:`RuntimePredictor` (roofline: compute or memory bound, attention over
+  the chunks' cached context, the decodes' KV reads), ``n = ceil(work / chunk)``.
+* **decode step**: one iteration of every sequence that will be decoding once
+  it is admitted (running ones, those ahead of it, and itself) over their KV.
+  Concentrating load lengthens it: the GORGO finding, priced here.
+
+Running decodes come from the router's own counters, or from the engine's
+scraped ``num_running`` when that is larger (traffic from other routers).
+
+**Self-calibration.** The profile may be wrong (another GPU, a slower engine,
+load the model does not see). Each observation, the engine-side part of a
+first token (TTFT minus the network round trip) or a time per output token,
+is divided by what was predicted for it at dispatch, before any correction,
+and an EWMA of the log of that ratio becomes a multiplicative correction of
+later predictions (``ttft_correction``, ``tpot_correction``). Ratios are
+clamped to [1/20, 20] so one outlier cannot run away with it; with
+``alpha = 0.1`` a 2x error is learned to within 20% in about 15 observations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from longroute.estimators.runtime import RuntimePredictor, causal_attention_pairs
+
+MAX_RATIO = 20.0
+"""Observed/predicted ratios beyond [1/MAX_RATIO, MAX_RATIO] are clamped before learning."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Predicted engine-side seconds at one endpoint, before network.
+
+    ``prefill_s`` and ``step_s`` are the profile's (uncorrected) figures, kept so an
+    observation can be judged against them; ``ttft_engine_s`` and ``tpot_s`` carry
+    the learned corrections.
+    """
+
+    prefill_s: float
+    step_s: float
+    ttft_engine_s: float
+    tpot_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """One endpoint's learned corrections and the figures behind them (for /metrics)."""
+
+    ttft_correction: float
+    tpot_correction: float
+    num_ttft_observed: int
+    num_tpot_observed: int
+    last_predicted_ttft_s: float | None
+    last_observed_ttft_s: float | None
+    last_predicted_tpot_s: float | None
+    last_observed_tpot_s: float | None
+
+
+class EndpointTimeModel:
+    """Router-side counters and time predictions for one endpoint (see module docstring).
+
+    Every method is O(1). The owner (the router) calls :meth:`add_pending` at
+    dispatch, :meth:`start_decoding` at the first token, and :meth:`end_pending`
+    or :meth:`end_decoding` when the request leaves.
+    """
+
+    __slots__ = (
+        "_log_tpot",
+        "_log_ttft",
+        "alpha",
+        "budget_tokens",
+        "decode_context_tokens",
+        "last_observed_tpot_s",
+        "last_observed_ttft_s",
+        "last_predicted_tpot_s",
+        "last_predicted_ttft_s",
+        "num_decoding",
+        "num_pending",
+        "num_tpot_observed",
+        "num_ttft_observed",
+        "pending_context_tokens",
+        "pending_pairs",
+        "pending_tokens",
+        "predictor",
+        "tpot_correction",
+        "ttft_correction",
+    )
+
+    def __init__(
+        self, predictor: RuntimePredictor, max_num_batched_tokens: int, alpha: float
+    ) -> None:
+        self.predictor = predictor
+        self.budget_tokens = max(1, max_num_batched_tokens)
+        self.alpha = alpha
+        self.pending_tokens = 0  # uncached prompt tokens owed by requests before first token
+        self.pending_pairs = 0.0  # their attention (query, key) pairs
+        self.pending_context_tokens = 0  # their cached context tokens
+        self.num_pending = 0
+        self.num_decoding = 0
+        self.decode_context_tokens = 0.0  # sum of decoding sequences' mean KV length
+        self._log_ttft = 0.0
+        self._log_tpot = 0.0
+        self.ttft_correction = 1.0
+        self.tpot_correction = 1.0
+        self.num_ttft_observed = 0
+        self.num_tpot_observed = 0
+        self.last_predicted_ttft_s: float | None = None
+        self.last_observed_ttft_s: float | None = None
+        self.last_predicted_tpot_s: float | None = None
+        self.last_observed_tpot_s: float | None = None
+
+    # ---- prediction ----------------------------------------------------------
+    def predict(
+        self, uncached: int, cached: int, num_output_tokens: int, engine_running: int | None
+    ) -> Prediction:
+        """Engine-side seconds for a request of ``uncached`` new prompt tokens after
+        ``cached`` ones that will decode ``num_output_tokens`` tokens here."""
+        decodes = self.num_decoding
+        if engine_running is not None and engine_running > decodes:
+            decodes = engine_running
+        context = self.decode_context_tokens
+        if decodes > self.num_decoding and self.num_decoding > 0:
+            context *= decodes / self.num_decoding  # others' sequences: our mean length
+        work = self.pending_tokens + uncached
+        pairs = self.pending_pairs + causal_attention_pairs(uncached, cached)
+        ctx = self.pending_context_tokens + cached
+        chunk = self.budget_tokens - decodes
+        if chunk < 1:
+            chunk = 1
+        predictor = self.predictor
+        if work > 0:
+            n = math.ceil(work / chunk)
+            prefill_s = n * predictor.iteration_time_s(
+                work / n, pairs / n, int(ctx / n), decodes, int(context)
+            )
+        else:  # fully cached: one iteration computes the first token
+            prefill_s = predictor.iteration_time_s(0, 0.0, cached, decodes + 1, int(context))
+        batch = decodes + self.num_pending + 1
+        own_kv = uncached + cached + num_output_tokens / 2.0
+        batch_context = context + self.pending_context_tokens + self.pending_tokens + own_kv
+        step_s = predictor.iteration_time_s(0, 0.0, 0, batch, int(batch_context))
+        return Prediction(
+            prefill_s, step_s, prefill_s * self.ttft_correction, step_s * self.tpot_correction
+        )
+
+    # ---- counters ------------------------------------------------------------
+    def add_pending(self, uncached: int, cached: int) -> None:
+        self.pending_tokens += uncached
+        self.pending_pairs += causal_attention_pairs(uncached, cached)
+        self.pending_context_tokens += cached
+        self.num_pending += 1
+
+    def end_pending(self, uncached: int, cached: int) -> None:
+        self.pending_tokens -= uncached
+        self.pending_pairs -= causal_attention_pairs(uncached, cached)
+        self.pending_context_tokens -= cached
+        self.num_pending -= 1
+        if self.num_pending == 0:  # drop float residue
+            self.pending_pairs = 0.0
+
+    def start_decoding(self, uncached: int, cached: int, kv_tokens: float) -> None:
+        self.end_pending(uncached, cached)
+        self.num_decoding += 1
+        self.decode_context_tokens += kv_tokens
+
+    def end_decoding(self, kv_tokens: float) -> None:
+        self.num_decoding -= 1
+        self.decode_context_tokens -= kv_tokens
+        if self.num_decoding == 0:
+            self.decode_context_tokens = 0.0
+
+    # ---- learning ------------------------------------------------------------
+    def observe_ttft(
+        self, predicted_s: float, observed_s: float, uncorrected_s: float, observed_engine_s: float
+    ) -> None:
+        """Learn from one first token: ``observed_engine_s`` (TTFT minus the round trip)
+        against ``uncorrected_s``, the profile's prediction at dispatch."""
+        self.last_predicted_ttft_s = predicted_s
+        self.last_observed_ttft_s = observed_s
+        self.num_ttft_observed += 1
+        self._log_ttft = self._learn(self._log_ttft, observed_engine_s, uncorrected_s)
+        self.ttft_correction = math.exp(self._log_ttft)
+
+    def observe_tpot(self, predicted_s: float, observed_s: float, uncorrected_s: float) -> None:
+        """Learn from one completed decode's mean time per output token."""
+        self.last_predicted_tpot_s = predicted_s
+        self.last_observed_tpot_s = observed_s
+        self.num_tpot_observed += 1
+        self._log_tpot = self._learn(self._log_tpot, observed_s, uncorrected_s)
+        self.tpot_correction = math.exp(self._log_tpot)
+
+    def _learn(self, log_correction: float, observed_s: float, uncorrected_s: float) -> float:
+        if not (uncorrected_s > 0.0 and observed_s > 0.0):
+            return log_correction
+        ratio = observed_s / uncorrected_s
+        ratio = min(max(ratio, 1.0 / MAX_RATIO), MAX_RATIO)
+        return log_correction + self.alpha * (math.log(ratio) - log_correction)
+
+    def calibration(self) -> Calibration:
+        return Calibration(
+            self.ttft_correction,
+            self.tpot_correction,
+            self.num_ttft_observed,
+            self.num_tpot_observed,
+            self.last_predicted_ttft_s,
+            self.last_observed_ttft_s,
+            self.last_predicted_tpot_s,
+            self.last_observed_tpot_s,
+        )

@@ -1,0 +1,356 @@
+"""TTCA: the least expected time to a correct answer, everything priced in seconds.
+
+For a request x and each candidate endpoint e serving model m::
+
+    T(e)  = rtt(e) + ttft_engine(e) + (out - 1) * tpot(e)
+    Q(e)  = Q(m, x)                                  (capability model; 1 without one)
+    E(e)  = T(e) + (1 - Q(e)) * R(m)
+    R(m)  = min over untried endpoints e' of another model of T(e') / Q(e')
+            (T(e) / Q(e) when no other model is a candidate)
+
+and the request goes to argmin E. ``rtt`` is the fleet view's RTT EWMA (request
+out, first token back); ``ttft_engine`` the queue wait plus the prefill of the
+request's uncached tokens at e (prefix index) with the running decodes beside it,
+and ``tpot`` the decode step at e's batch once it is admitted, both from e's
+runtime predictor and learned corrections (:mod:`longroute.estimators.service_time`).
+``out`` is the request's expected output length (the simulator's true length; the
+gateway's ``max_tokens``).
+
+Why ``T + (1 - Q) R`` and not LAAR's ``T / Q``: ``T / Q`` prices a failure as a retry
+on the same endpoint, a geometric series; with deterministic decoding the same model
+repeats its wrong answer and the retry goes elsewhere, so a failure costs what the
+best other model would take to answer correctly. R uses that model's own ``T / Q``,
+the geometric bound, for what lies beyond. With one model both formulas agree.
+
+Tried models rank after untried ones, as in LAAR: a tried endpoint scores
+``E * tried_penalty ** tries + (largest untried E)``; once every candidate's model
+was tried ``max_tries_per_model`` times the router raises
+:class:`CandidatesExhaustedError`. With ``slo_mode``, endpoints whose predicted TTFT
+meets the request's TTFT deadline rank before those that do not, each group by E.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+from longroute.estimators.parallel import endpoint_predictor
+from longroute.estimators.service_time import Calibration, EndpointTimeModel, Prediction
+from longroute.routing.base import ROUTERS, BaseRouter, pick_min
+from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
+from longroute.routing.laar import SuccessModel
+from longroute.types import Endpoint, Request, RouteDecision
+
+SCORE_MEANING = "expected seconds to a correct answer, T + (1-Q)R (tried models penalised)"
+
+
+@ROUTERS.register("ttca")
+class TtcaRouter(BaseRouter):
+    """Routes to the least expected time to a correct answer (see the module docstring).
+
+    Called once per request attempt; O(candidates + prompt blocks): one prefix-index
+    walk, two runtime-predictor evaluations per candidate. Keeps one
+    :class:`EndpointTimeModel` per endpoint (rebuilt if the name comes back with a
+    different Endpoint) and one entry per request in flight.
+    """
+
+    name = "ttca"
+    needs_prefix_index = True
+    needs_language = True
+    wants_capability = True
+
+    def __init__(
+        self,
+        *,
+        capability: SuccessModel | str | Path | None = None,
+        default_probability: float | None = None,
+        min_probability: float = 0.01,
+        tried_penalty: float = 1000.0,
+        max_tries_per_model: int | None = 1,
+        calibration_alpha: float = 0.1,
+        slo_mode: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(rng=rng)
+        _check_params(default_probability, min_probability, tried_penalty, calibration_alpha)
+        if max_tries_per_model is not None and max_tries_per_model < 1:
+            raise ValueError(f"max_tries_per_model must be >= 1 or None, got {max_tries_per_model}")
+        if isinstance(capability, str | Path):
+            from longroute.estimators.capability import load_capability
+
+            capability = load_capability(capability)
+        self.capability: SuccessModel | None = capability
+        self.default_probability = default_probability
+        self.min_probability = float(min_probability)
+        self.tried_penalty = float(tried_penalty)
+        self.max_tries_per_model = max_tries_per_model
+        self.calibration_alpha = float(calibration_alpha)
+        self.slo_mode = bool(slo_mode)
+        self._models: dict[str, tuple[Endpoint, EndpointTimeModel]] = {}
+        # the last route() call: its key, matched blocks and per-endpoint predictions
+        self._last_key: tuple[str, int] | None = None
+        self._last: dict[str, tuple[int, int, Prediction, float]] = {}
+        self._flights: dict[tuple[str, int], _Flight] = {}
+
+    # ------------------------------------------------------------------ hot path
+
+    def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision:
+        candidates = fleet.candidates(request)
+        hashes = request.block_hashes
+        matched = fleet.prefix_index.match(hashes) if hashes else {}
+        prompt, out = request.num_prompt_tokens, request.num_output_tokens
+        block = request.block_size_tokens
+        tried = request.tried_models
+        q_of: dict[str, float] = {}
+        times: dict[str, float] = {}
+        last: dict[str, tuple[int, int, Prediction, float]] = {}
+        for state in candidates:
+            endpoint = state.endpoint
+            name = endpoint.name
+            model = self._time_model(endpoint)
+            cached = matched.get(name, 0) * block
+            if cached > prompt:
+                cached = prompt
+            uncached = prompt - cached
+            p = model.predict(uncached, cached, out, state.engine_num_running)
+            rtt_s = state.rtt_ms / 1000.0
+            ttft_s = rtt_s + p.ttft_engine_s
+            times[name] = ttft_s + (out - 1) * p.tpot_s
+            last[name] = (uncached, cached, p, rtt_s)
+            if endpoint.model not in q_of:
+                q_of[endpoint.model] = self._probability(endpoint.model, request)
+        self._last_key = (request.request_id, request.attempt)
+        self._last = last
+        scores = self._expected(times, q_of, fleet, tried)
+        if tried:
+            self._penalise(scores, fleet, request, q_of)
+        if self.slo_mode and request.slo is not None and request.slo.ttft_s is not None:
+            deadline_s = request.arrival_s + request.slo.ttft_s - now_s
+            _prefer_meeting(
+                scores, {n: v[3] + v[2].ttft_engine_s for n, v in last.items()}, deadline_s
+            )
+        chosen = pick_min(scores)
+        uncached, cached, p, rtt_s = last[chosen]
+        model_name = fleet.endpoint(chosen).model
+        return RouteDecision(
+            endpoint=chosen,
+            scores=scores,
+            score_meaning=SCORE_MEANING,
+            reason=(
+                f"least expected time to a correct answer on {model_name}: "
+                f"Q={q_of[model_name]:.3f}, T={times[chosen]:.3f} s (rtt {rtt_s * 1e3:.0f} ms, "
+                f"ttft {p.ttft_engine_s * 1e3:.0f} ms for {uncached} uncached of "
+                f"{uncached + cached} tokens, tpot {p.tpot_s * 1e3:.1f} ms)"
+            ),
+            predicted_ttft_s=rtt_s + p.ttft_engine_s,
+        )
+
+    def _expected(
+        self,
+        times: dict[str, float],
+        q_of: dict[str, float],
+        fleet: FleetView,
+        tried: tuple[str, ...],
+    ) -> dict[str, float]:
+        """E(e) = T + (1 - Q) R(m), R the best T/Q among untried endpoints of other models."""
+        model_of = {name: fleet.endpoint(name).model for name in times}
+        best_of: dict[str, float] = {}  # per untried model, its best T/Q
+        for name, t in times.items():
+            m = model_of[name]
+            if m not in tried:
+                v = t / q_of[m]
+                if v < best_of.get(m, math.inf):
+                    best_of[m] = v
+        ranked = sorted(best_of.items(), key=lambda item: item[1])[:2]
+        scores: dict[str, float] = {}
+        for name, t in times.items():
+            m = model_of[name]
+            q = q_of[m]
+            alt = next((v for bm, v in ranked if bm != m), t / q)
+            scores[name] = t + (1.0 - q) * alt
+        return scores
+
+    def _probability(self, model: str, request: Request) -> float:
+        """Q(m, x) floored at ``min_probability``; 1 without a capability model."""
+        if self.capability is None:
+            return 1.0
+        q = self.capability.probability(
+            model, request.language, request.num_prompt_tokens, request.task
+        )
+        if q is None:
+            if self.default_probability is None:
+                raise ValueError(
+                    f"ttca: the capability model knows nothing of model {model!r} "
+                    f"(it knows: {', '.join(self.capability.models) or 'none'}); fit it on "
+                    f"outcomes of {model!r} or set default_probability"
+                )
+            q = self.default_probability
+        return q if q >= self.min_probability else self.min_probability
+
+    def _penalise(
+        self, scores: dict[str, float], fleet: FleetView, request: Request, q_of: dict[str, float]
+    ) -> None:
+        """Rank tried models after untried ones (as LAAR), or stop when all were tried."""
+        tried = request.tried_models
+        tried_names = [n for n in scores if fleet.endpoint(n).model in tried]
+        if not tried_names:
+            return
+        limit = self.max_tries_per_model
+        if (
+            len(tried_names) == len(scores)
+            and limit is not None
+            and all(tried.count(m) >= limit for m in q_of)
+        ):
+            raise CandidatesExhaustedError(
+                f"ttca: every candidate model already answered request "
+                f"{request.request_id!r} wrongly (tried: {', '.join(tried)})"
+            )
+        floor = max((s for n, s in scores.items() if n not in tried_names), default=0.0)
+        for name in tried_names:
+            count = tried.count(fleet.endpoint(name).model)
+            score = scores[name] * self.tried_penalty**count + floor
+            scores[name] = score if score > floor else math.nextafter(floor, math.inf)
+
+    def _time_model(self, endpoint: Endpoint) -> EndpointTimeModel:
+        entry = self._models.get(endpoint.name)
+        if entry is None or entry[0] != endpoint:
+            try:
+                predictor = endpoint_predictor(endpoint)
+            except ValueError as exc:
+                raise ValueError(
+                    f"ttca: cannot predict times for endpoint {endpoint.name!r} "
+                    f"({endpoint.model} on {endpoint.num_gpus} x {endpoint.hardware}): {exc}"
+                ) from exc
+            model = EndpointTimeModel(
+                predictor, endpoint.max_num_batched_tokens, self.calibration_alpha
+            )
+            entry = self._models[endpoint.name] = (endpoint, model)
+        return entry[1]
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
+        key = (request.request_id, request.attempt)
+        entry = self._last.get(endpoint) if key == self._last_key else None
+        if entry is None:  # dispatched without a route() for it: count it all as uncached
+            entry = (request.num_prompt_tokens, 0, Prediction(0.0, 0.0, 0.0, 0.0), 0.0)
+        uncached, cached, prediction, rtt_s = entry
+        model_entry = self._models.get(endpoint)
+        if model_entry is None:
+            return
+        previous = self._flights.pop(key, None)
+        if previous is not None:  # re-sent before completing (gateway failover)
+            previous.release()
+        model = model_entry[1]
+        model.add_pending(uncached, cached)
+        kv = uncached + cached + request.num_output_tokens / 2.0
+        self._flights[key] = _Flight(model, uncached, cached, kv, prediction, rtt_s, now_s)
+
+    def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None:
+        flight = self._flights.get((request.request_id, request.attempt))
+        if flight is None or flight.first_token_s is not None:
+            return
+        flight.first_token_s = now_s
+        model = flight.model
+        model.start_decoding(flight.uncached, flight.cached, flight.kv_tokens)
+        p = flight.prediction
+        if p.prefill_s > 0.0:
+            observed = now_s - flight.dispatch_s
+            model.observe_ttft(
+                flight.rtt_s + p.ttft_engine_s, observed, p.prefill_s, observed - flight.rtt_s
+            )
+
+    def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
+        key = (request.request_id, request.attempt)
+        flight = self._flights.pop(key, None)
+        if flight is None:
+            return
+        first_s = flight.first_token_s
+        flight.release()
+        out = request.num_output_tokens
+        if is_ok and first_s is not None and out > 1 and flight.prediction.step_s > 0.0:
+            observed = (now_s - first_s) / (out - 1)
+            p = flight.prediction
+            flight.model.observe_tpot(p.tpot_s, observed, p.step_s)
+
+    # ------------------------------------------------------------------ reads
+
+    def calibration(self) -> dict[str, Calibration]:
+        """Per endpoint seen so far: learned corrections, last predicted and observed."""
+        return {name: entry[1].calibration() for name, entry in self._models.items()}
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._flights)
+
+
+class _Flight:
+    """One dispatched attempt: what it owes its endpoint's counters and was predicted."""
+
+    __slots__ = (
+        "cached",
+        "dispatch_s",
+        "first_token_s",
+        "kv_tokens",
+        "model",
+        "prediction",
+        "rtt_s",
+        "uncached",
+    )
+
+    def __init__(
+        self,
+        model: EndpointTimeModel,
+        uncached: int,
+        cached: int,
+        kv_tokens: float,
+        prediction: Prediction,
+        rtt_s: float,
+        dispatch_s: float,
+    ) -> None:
+        self.model = model
+        self.uncached = uncached
+        self.cached = cached
+        self.kv_tokens = kv_tokens
+        self.prediction = prediction
+        self.rtt_s = rtt_s
+        self.dispatch_s = dispatch_s
+        self.first_token_s: float | None = None
+
+    def release(self) -> None:
+        """Take this attempt's work off its endpoint's counters."""
+        if self.first_token_s is None:
+            self.model.end_pending(self.uncached, self.cached)
+        else:
+            self.model.end_decoding(self.kv_tokens)
+
+
+def _prefer_meeting(scores: dict[str, float], ttft_s: dict[str, float], deadline_s: float) -> None:
+    """SLO mode: endpoints predicted to miss the TTFT deadline rank after those that meet it."""
+    meeting = [s for n, s in scores.items() if ttft_s[n] <= deadline_s]
+    if not meeting or len(meeting) == len(scores):
+        return
+    floor = max(meeting)
+    for name, score in scores.items():
+        if ttft_s[name] > deadline_s:
+            scores[name] = score + floor
+
+
+def _check_params(
+    default_probability: float | None,
+    min_probability: float,
+    tried_penalty: float,
+    calibration_alpha: float,
+) -> None:
+    """Reject out-of-range parameters (NaN included), naming the bad value."""
+    if not 0.0 < min_probability <= 1.0:
+        raise ValueError(f"min_probability must be in (0, 1], got {min_probability}")
+    if default_probability is not None and not 0.0 < default_probability <= 1.0:
+        raise ValueError(
+            f"default_probability must be in (0, 1] or None, got {default_probability}"
+        )
+    if not (tried_penalty >= 1.0 and math.isfinite(tried_penalty)):
+        raise ValueError(f"tried_penalty must be a finite number >= 1, got {tried_penalty}")
+    if not 0.0 <= calibration_alpha <= 1.0:
+        raise ValueError(f"calibration_alpha must be in [0, 1], got {calibration_alpha}")
