@@ -22,7 +22,9 @@ Agent workflows (Chimera, docs/gateway.md "Agent workflows"):
 A malformed value of any of them is answered 400 naming the header.
 
 Gateway responses name the backend and model chosen in
-``x-longroute-endpoint`` and ``x-longroute-model``.
+``x-longroute-endpoint`` and ``x-longroute-model``; with a router that predicts
+it (``ttca``), ``x-longroute-predicted-ttft-ms`` carries the predicted time to
+first token on that backend, network included, in integer milliseconds.
 """
 
 from __future__ import annotations
@@ -37,3 +39,4 @@ STAGE_HEADER = "x-longroute-stage"
 WORKFLOW_HEADER = "x-longroute-workflow"
 ENDPOINT_HEADER = "x-longroute-endpoint"
 MODEL_HEADER = "x-longroute-model"
+PREDICTED_TTFT_HEADER = "x-longroute-predicted-ttft-ms"

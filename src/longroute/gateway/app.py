@@ -74,7 +74,11 @@ class Gateway:
             prefix_capacity_blocks=config.prefix_index_capacity_blocks,
             is_prefix_index_enabled=self.router.needs_prefix_index,
         )
-        self.metrics = GatewayMetrics(self.fleet, lambda: self.admission.num_waiting)
+        self.metrics = GatewayMetrics(
+            self.fleet,
+            lambda: self.admission.num_waiting,
+            calibration=getattr(self.router, "calibration", None),
+        )
         self.admission = Admission(
             self.fleet,
             self.router,

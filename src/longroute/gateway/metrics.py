@@ -5,18 +5,21 @@ gauges of live state (in-flight requests and tokens per backend, queue
 depth, health, RTT, scraped engine load, the router-side prefix index's
 blocks per backend and its bound) are read from the FleetView and the
 admission queue only when ``/metrics`` is scraped, so they cost the request
-path nothing.
+path nothing. So are, for a router that learns time corrections (``ttca``'s
+``calibration()``), each backend's last predicted and observed TTFT and TPOT
+and its learned corrections; other routers export none of these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from longroute.estimators.service_time import Calibration
 from longroute.routing.fleet_view import FleetView
 
 LATENCY_BUCKETS_S = (
@@ -45,7 +48,14 @@ DECISION_BUCKETS_S = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4
 class GatewayMetrics:
     """Counters and histograms updated per request; live gauges collected on scrape."""
 
-    def __init__(self, fleet: FleetView, queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        fleet: FleetView,
+        queue_depth: Callable[[], int],
+        calibration: Callable[[], Mapping[str, Calibration]] | None = None,
+    ) -> None:
+        """``calibration``: the router's ``calibration()``, read per scrape; None when the
+        router has none (no calibration metrics then)."""
         self.registry = CollectorRegistry()
         registry = self.registry
         self.requests = Counter(
@@ -97,6 +107,8 @@ class GatewayMetrics:
             registry=registry,
         )
         registry.register(_LiveCollector(fleet, queue_depth))
+        if calibration is not None:
+            registry.register(_CalibrationCollector(fleet, calibration))
         self._request_counts: dict[tuple[str, str, str, int], Any] = {}
 
     def count_request(self, route: str, model: str, endpoint: str, status: int) -> None:
@@ -169,5 +181,75 @@ class _LiveCollector:
             GaugeMetricFamily(
                 "longroute_prefix_index_capacity_blocks",
                 "Bound of the router-side prefix index, in blocks per backend.",
+            ),
+        ]
+
+
+class _CalibrationCollector:
+    """The router's learned time corrections, read at scrape time: O(backends).
+
+    A backend the router has not priced yet has no sample; nor have the last
+    predicted and observed figures before its first observation.
+    """
+
+    def __init__(
+        self, fleet: FleetView, calibration: Callable[[], Mapping[str, Calibration]]
+    ) -> None:
+        self._fleet = fleet
+        self._calibration = calibration
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        families = self._families()
+        pred_ttft, obs_ttft, pred_tpot, obs_tpot, ttft_corr, tpot_corr = families
+        calibrations = self._calibration()
+        for endpoint in self._fleet.endpoints:
+            c = calibrations.get(endpoint.name)
+            if c is None:
+                continue
+            label = [endpoint.name]
+            ttft_corr.add_metric(label, c.ttft_correction)
+            tpot_corr.add_metric(label, c.tpot_correction)
+            for family, value in (
+                (pred_ttft, c.last_predicted_ttft_s),
+                (obs_ttft, c.last_observed_ttft_s),
+                (pred_tpot, c.last_predicted_tpot_s),
+                (obs_tpot, c.last_observed_tpot_s),
+            ):
+                if value is not None:
+                    family.add_metric(label, value)
+        return families
+
+    @staticmethod
+    def _families() -> list[GaugeMetricFamily]:
+        def per_endpoint(name: str, documentation: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, documentation, labels=["endpoint"])
+
+        return [
+            per_endpoint(
+                "longroute_predicted_ttft_seconds",
+                "Predicted TTFT (network included) of the last request observed on the backend.",
+            ),
+            per_endpoint(
+                "longroute_observed_ttft_seconds",
+                "Observed TTFT (dispatch to first byte) of the last request on the backend.",
+            ),
+            per_endpoint(
+                "longroute_predicted_tpot_seconds",
+                "Predicted time per output token of the last completed request on the backend.",
+            ),
+            per_endpoint(
+                "longroute_observed_tpot_seconds",
+                "Observed time per output token of the last completed request on the backend.",
+            ),
+            per_endpoint(
+                "longroute_ttft_correction",
+                "Learned factor on the profile's prefill-phase prediction (observed/predicted).",
+            ),
+            per_endpoint(
+                "longroute_tpot_correction",
+                "Learned factor on the profile's decode-step prediction (observed/predicted).",
             ),
         ]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -63,7 +64,7 @@ from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.priority import BackendPriorities
 from longroute.gateway.redact import Redactor
-from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER
+from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER, PREDICTED_TTFT_HEADER
 from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request
 
@@ -171,7 +172,7 @@ class Proxy:
             backend = self.backends[grant.endpoint]
             outcome = _Outcome()
             # as dispatched: with the routing decision's priority (sent to priority backends)
-            result = await self._attempt(stream, job, grant.request, backend, outcome)
+            result = await self._attempt(stream, job, grant, backend, outcome)
             if not isinstance(result, _Failure):
                 if outcome.is_answered:  # it was theirs: the request is fine elsewhere
                     for name in suspects:
@@ -249,13 +250,14 @@ class Proxy:
         self,
         stream: ResponseStream,
         job: Job,
-        request: Request,
+        grant: Grant,
         backend: Backend,
         outcome: _Outcome,
     ) -> HttpResponse | _Failure | None:
         """One try on ``backend``; always gives its slot back."""
+        request = grant.request
         try:
-            return await self._exchange(stream, job, request, backend, outcome)
+            return await self._exchange(stream, job, grant, backend, outcome)
         finally:
             self.admission.finish(
                 request, backend.name, has_first_byte=outcome.has_first_byte, is_ok=outcome.is_ok
@@ -265,10 +267,11 @@ class Proxy:
         self,
         stream: ResponseStream,
         job: Job,
-        request: Request,
+        grant: Grant,
         backend: Backend,
         outcome: _Outcome,
     ) -> HttpResponse | _Failure | None:
+        request = grant.request
         pool = self._pools[backend.name]
         try:
             async with asyncio.timeout(max(job.seconds_left(), 0.001)):
@@ -290,14 +293,14 @@ class Proxy:
                                 is_sent=True,
                             )
                     else:
-                        return await self._relay_whole(backend, response, outcome)
+                        return await self._relay_whole(grant, backend, response, outcome)
                 except BaseException:
                     response.release()  # an unfinished response closes its connection
                     raise
         except BACKEND_ERRORS as exc:
             return self._backend_failed(job, backend, exc)
         try:
-            await self._relay_stream(stream, job, request, backend, response, chunk, outcome)
+            await self._relay_stream(stream, job, grant, backend, response, chunk, outcome)
         finally:
             response.release()
         return None
@@ -326,7 +329,7 @@ class Proxy:
         return _Failure("backend_disconnect", message, detail, is_sent=True)
 
     async def _relay_whole(
-        self, backend: Backend, response: UpstreamResponse, outcome: _Outcome
+        self, grant: Grant, backend: Backend, response: UpstreamResponse, outcome: _Outcome
     ) -> HttpResponse:
         status = response.status
         if status >= 400:  # the request's own fault (5xx and 401/403/407 failed over before)
@@ -338,13 +341,14 @@ class Proxy:
             content_type = response.content_type
         self.health.record(backend.name, True)
         outcome.is_ok = outcome.is_answered = status < 400
-        return HttpResponse(status, body, content_type, self._headers[backend.name])
+        headers = _with_prediction(self._headers[backend.name], grant)
+        return HttpResponse(status, body, content_type, headers)
 
     async def _relay_stream(
         self,
         stream: ResponseStream,
         job: Job,
-        request: Request,
+        grant: Grant,
         backend: Backend,
         response: UpstreamResponse,
         chunk: bytes,
@@ -352,9 +356,10 @@ class Proxy:
     ) -> None:
         """Bytes reached us: from here on nothing is replayed, whatever happens."""
         outcome.has_first_byte = outcome.is_answered = True
-        self.admission.first_byte(request, backend.name)
+        self.admission.first_byte(grant.request, backend.name)
         self.metrics.ttft.observe(time.monotonic() - job.started_s)
-        stream.start(200, self._stream_headers[backend.name], response.content_type)
+        headers = _with_prediction(self._stream_headers[backend.name], grant)
+        stream.start(200, headers, response.content_type)
         try:
             # the deadline bounds both a silent backend and a client that stopped reading
             async with asyncio.timeout(max(job.seconds_left(), 0.0)):
@@ -392,3 +397,18 @@ class Proxy:
 
 def _backend_headers(backend: Backend) -> dict[str, str]:
     return {ENDPOINT_HEADER: backend.name, MODEL_HEADER: backend.model}
+
+
+def _with_prediction(headers: dict[str, str], grant: Grant) -> Mapping[str, str]:
+    """A backend's fixed response headers, plus the router's predicted TTFT (integer ms)
+    when it made one for the backend it was sent to.
+
+    ``headers`` itself (no copy) when it did not: a router that predicts nothing, or
+    admission sent the request elsewhere than the router chose (that one was full), so
+    the prediction is another backend's.
+    """
+    decision = grant.decision
+    predicted_s = decision.predicted_ttft_s
+    if predicted_s is None or decision.endpoint != grant.endpoint or not math.isfinite(predicted_s):
+        return headers
+    return {**headers, PREDICTED_TTFT_HEADER: str(round(predicted_s * 1000.0))}
