@@ -98,6 +98,16 @@ class EndpointGroupConfig(_Model):
     max_model_len_tokens: int | None = Field(
         None, ge=1, description="Context limit (default: the model's, capped by KV memory)."
     )
+    slowdown: float = Field(
+        1.0,
+        ge=0.1,
+        le=10,
+        allow_inf_nan=False,
+        strict=True,  # a number: true or "2" would pass silently in lax mode
+        description="The simulated engine runs this many times slower than its hardware "
+        "profile predicts; routers still read the nominal profile — used to test "
+        "self-calibrating routers.",
+    )
 
 
 class WorkloadConfig(_Model):

@@ -10,9 +10,10 @@ a ``capability`` section, and naming one there is a ConfigError.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -20,11 +21,22 @@ from typing import Any
 
 import yaml
 
-from longroute.config import ConfigError, ScenarioConfig, load_scenario_file, parse_scenario
+from longroute.config import (
+    ConfigError,
+    EndpointGroupConfig,
+    ScenarioConfig,
+    load_scenario_file,
+    parse_scenario,
+)
 from longroute.congestion import timelines
 from longroute.errors import did_you_mean
 from longroute.estimators.capability import CapabilityModel
-from longroute.estimators.parallel import endpoint_predictor
+from longroute.estimators.parallel import make_predictor
+from longroute.estimators.profiles import (
+    HardwareProfile,
+    load_hardware_profile,
+    load_model_profile,
+)
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RunObserver
 from longroute.metrics.summary import summarize_ttca
@@ -103,10 +115,10 @@ def check_names(config: ScenarioConfig, source: str) -> ScenarioConfig:
 def build_endpoints(config: ScenarioConfig) -> list[Endpoint]:
     endpoints = []
     for g in config.fleet:
-        for i in range(g.replicas):
+        for name in _replica_names(g):
             endpoints.append(
                 Endpoint(
-                    name=f"{g.name}-{i}" if g.replicas > 1 else g.name,
+                    name=name,
                     model=g.model,
                     hardware=g.hardware,
                     region=g.region,
@@ -154,15 +166,63 @@ def fit_context_limits(
     return out
 
 
-def build_predictors(endpoints: list[Endpoint]) -> dict[str, RuntimePredictor]:
-    """Each endpoint's runtime predictor, shared by endpoints of one model, hardware and
-    TP x SPP x KVP layout."""
-    cache: dict[tuple[str, str, int, int, int], RuntimePredictor] = {}
+def endpoint_slowdowns(config: ScenarioConfig) -> dict[str, float]:
+    """Each endpoint's ``slowdown`` (its fleet group's), by endpoint name as
+    :func:`build_endpoints` names them; only groups with ``slowdown != 1``."""
+    return {
+        name: g.slowdown for g in config.fleet if g.slowdown != 1.0 for name in _replica_names(g)
+    }
+
+
+def _replica_names(group: EndpointGroupConfig) -> list[str]:
+    """``name-0``, ``name-1``, ... for a group of replicas; ``name`` for one."""
+    if group.replicas == 1:
+        return [group.name]
+    return [f"{group.name}-{i}" for i in range(group.replicas)]
+
+
+def slowed_hardware(hardware: HardwareProfile, slowdown: float) -> HardwareProfile:
+    """``hardware`` as an engine ``slowdown`` times slower than its profile sees it.
+
+    Every rate (a field ending in ``_per_s``) is divided by ``slowdown`` and
+    every fixed time (ending in ``_s``) multiplied by it, so every time term of
+    the runtime predictor (compute, memory, all-reduce, pipeline hops, KVP
+    merges, iteration overhead) scales by ``slowdown``; memory sizes and
+    efficiencies are kept, so the KV capacity does not change. Units are in the
+    field names (house rule 8), so a new rate or latency field scales too.
+    """
+    if slowdown == 1.0:
+        return hardware
+    changes: dict[str, Any] = {"name": f"{hardware.name} x{slowdown:g} slower"}
+    for field in dataclasses.fields(hardware):
+        value = getattr(hardware, field.name)
+        if field.name.endswith("_per_s"):
+            changes[field.name] = value / slowdown
+        elif field.name.endswith("_s"):
+            changes[field.name] = value * slowdown
+    return replace(hardware, **changes)
+
+
+def build_predictors(
+    endpoints: list[Endpoint], slowdowns: Mapping[str, float] | None = None
+) -> dict[str, RuntimePredictor]:
+    """Each endpoint's runtime predictor, shared by endpoints of one model, hardware,
+    TP x SPP x KVP layout and slowdown. ``slowdowns`` (by endpoint name, default 1)
+    makes an engine slower than its profile (:func:`slowed_hardware`); routers
+    keep reading the nominal profile named by the endpoint."""
+    cache: dict[tuple[str, str, int, int, int, float], RuntimePredictor] = {}
     out = {}
     for e in endpoints:
-        key = (e.model, e.hardware, e.num_gpus, e.spp_degree, e.kvp_degree)
+        slowdown = (slowdowns or {}).get(e.name, 1.0)
+        key = (e.model, e.hardware, e.num_gpus, e.spp_degree, e.kvp_degree, slowdown)
         if key not in cache:
-            cache[key] = endpoint_predictor(e)
+            cache[key] = make_predictor(
+                load_model_profile(e.model),
+                slowed_hardware(load_hardware_profile(e.hardware), slowdown),
+                e.num_gpus,
+                spp_degree=e.spp_degree,
+                kvp_degree=e.kvp_degree,
+            )
         out[e.name] = cache[key]
     return out
 
@@ -263,7 +323,7 @@ def run_scenario(
         return _run_engines(config, seed, routers, trace, on_router_done, prepare_router)
     names = resolve_routers(config, routers)
     endpoints = build_endpoints(config)
-    predictors = build_predictors(endpoints)
+    predictors = build_predictors(endpoints, endpoint_slowdowns(config))
     endpoints = fit_context_limits(endpoints, predictors)
     workload = build_workload(config, seed, trace)
     clients = _client_spec(config, trace)
