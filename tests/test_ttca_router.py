@@ -253,6 +253,27 @@ def test_an_outlier_cannot_run_away_with_the_correction() -> None:
     assert router.calibration()["a"].ttft_correction <= math.sqrt(20.0) + 1e-9
 
 
+def test_only_a_first_token_with_no_prompt_queued_ahead_teaches_the_correction() -> None:
+    fleet = FleetView([ep("a")])
+    router = TtcaRouter(calibration_alpha=1.0)
+    first, second = req("1", prompt=8192), req("2", prompt=8192)
+    dispatch(router, fleet, first)
+    dispatch(router, fleet, second)  # queued behind the first one's prompt
+    router.on_first_token(second, "a", 30.0)  # a queue the model did not see: not learned
+    assert router.calibration()["a"].num_ttft_observed == 0
+    router.on_first_token(first, "a", 0.05)
+    assert router.calibration()["a"].num_ttft_observed == 1
+
+
+def test_a_network_dominated_first_token_does_not_teach_the_engine_correction() -> None:
+    fleet = FleetView([ep("far")], rtt_ms={"far": 400.0})
+    router = TtcaRouter(calibration_alpha=1.0)
+    request = req("1", prompt=512)  # a few ms of prefill behind 400 ms of network
+    dispatch(router, fleet, request)
+    router.on_first_token(request, "far", 0.9)  # a network peak, not a slow engine
+    assert router.calibration()["far"].ttft_correction == 1.0
+
+
 # ---------------------------------------------------------------- construction
 
 
@@ -264,6 +285,7 @@ def test_an_outlier_cannot_run_away_with_the_correction() -> None:
         ({"tried_penalty": 0.5}, "tried_penalty"),
         ({"tried_penalty": math.nan}, "tried_penalty"),
         ({"calibration_alpha": 2.0}, "calibration_alpha"),
+        ({"externality_weight": -1.0}, "externality_weight"),
         ({"max_tries_per_model": 0}, "max_tries_per_model"),
     ],
 )

@@ -54,6 +54,10 @@ class Prediction:
     step_s: float
     ttft_engine_s: float
     tpot_s: float
+    externality_s: float = 0.0
+    """Seconds the request would add to the others at the endpoint (corrected): its
+    prefill chunks lengthen every running decode's iterations, and its place in the
+    decode batch lengthens their steps while it decodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +155,40 @@ class EndpointTimeModel:
             prefill_s = predictor.iteration_time_s(0, 0.0, cached, decodes + 1, int(context))
         batch = decodes + self.num_pending + 1
         own_kv = uncached + cached + num_output_tokens / 2.0
-        batch_context = context + self.pending_context_tokens + self.pending_tokens + own_kv
-        step_s = predictor.iteration_time_s(0, 0.0, 0, batch, int(batch_context))
+        others_kv = context + self.pending_context_tokens + self.pending_tokens
+        step_s = predictor.iteration_time_s(0, 0.0, 0, batch, int(others_kv + own_kv))
+        externality_s = 0.0
+        if decodes > 0:
+            # each running decode waits for this prompt's chunks beside it ...
+            base_s = predictor.iteration_time_s(0, 0.0, 0, decodes, int(context))
+            externality_s = decodes * self._chunks_beside_s(
+                uncached, cached, chunk, base_s, decodes, int(context)
+            )
+            # ... and then steps beside one more sequence while it decodes
+            if batch > 1:
+                fewer_s = predictor.iteration_time_s(0, 0.0, 0, batch - 1, int(others_kv))
+                externality_s += (batch - 1) * (step_s - fewer_s) * num_output_tokens
         return Prediction(
-            prefill_s, step_s, prefill_s * self.ttft_correction, step_s * self.tpot_correction
+            prefill_s,
+            step_s,
+            prefill_s * self.ttft_correction,
+            step_s * self.tpot_correction,
+            externality_s * self.ttft_correction,
         )
+
+    def _chunks_beside_s(
+        self, uncached: int, cached: int, chunk: int, base_s: float, decodes: int, context: int
+    ) -> float:
+        """Extra seconds the iterations carrying this prompt's chunks take over decode-only
+        ones (what each running decode waits for it)."""
+        if uncached <= 0:
+            return 0.0
+        n = math.ceil(uncached / chunk)
+        pairs = causal_attention_pairs(uncached, cached)
+        with_chunk_s = self.predictor.iteration_time_s(
+            uncached / n, pairs / n, int(cached / n), decodes, context
+        )
+        return n * (with_chunk_s - base_s)
 
     # ---- counters ------------------------------------------------------------
     def add_pending(self, uncached: int, cached: int) -> None:

@@ -42,6 +42,9 @@ from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
 from longroute.routing.laar import SuccessModel
 from longroute.types import Endpoint, Request, RouteDecision
 
+MIN_ENGINE_SHARE = 0.5
+"""A first token teaches the TTFT correction only if the predicted engine time is at least
+this share of the round trip."""
 SCORE_MEANING = "expected seconds to a correct answer, T + (1-Q)R (tried models penalised)"
 
 
@@ -69,6 +72,7 @@ class TtcaRouter(BaseRouter):
         tried_penalty: float = 1000.0,
         max_tries_per_model: int | None = 1,
         calibration_alpha: float = 0.1,
+        externality_weight: float = 1.0,
         slo_mode: bool = False,
         rng: random.Random | None = None,
     ) -> None:
@@ -86,6 +90,11 @@ class TtcaRouter(BaseRouter):
         self.tried_penalty = float(tried_penalty)
         self.max_tries_per_model = max_tries_per_model
         self.calibration_alpha = float(calibration_alpha)
+        if not (externality_weight >= 0.0 and math.isfinite(externality_weight)):
+            raise ValueError(
+                f"externality_weight must be a finite number >= 0, got {externality_weight}"
+            )
+        self.externality_weight = float(externality_weight)
         self.slo_mode = bool(slo_mode)
         self._models: dict[str, tuple[Endpoint, EndpointTimeModel]] = {}
         # the last route() call: its key, matched blocks and per-endpoint predictions
@@ -116,7 +125,7 @@ class TtcaRouter(BaseRouter):
             p = model.predict(uncached, cached, out, state.engine_num_running)
             rtt_s = state.rtt_ms / 1000.0
             ttft_s = rtt_s + p.ttft_engine_s
-            times[name] = ttft_s + (out - 1) * p.tpot_s
+            times[name] = ttft_s + (out - 1) * p.tpot_s + self.externality_weight * p.externality_s
             last[name] = (uncached, cached, p, rtt_s)
             if endpoint.model not in q_of:
                 q_of[endpoint.model] = self._probability(endpoint.model, request)
@@ -243,9 +252,14 @@ class TtcaRouter(BaseRouter):
         if previous is not None:  # re-sent before completing (gateway failover)
             previous.release()
         model = model_entry[1]
+        # with prefills queued ahead, a first token measures the queue model as much as
+        # the profile: only one that found no prompt ahead of it teaches the correction
+        is_probe = model.num_pending == 0
         model.add_pending(uncached, cached)
         kv = uncached + cached + request.num_output_tokens / 2.0
-        self._flights[key] = _Flight(model, uncached, cached, kv, prediction, rtt_s, now_s)
+        self._flights[key] = _Flight(
+            model, uncached, cached, kv, prediction, rtt_s, now_s, is_probe
+        )
 
     def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None:
         flight = self._flights.get((request.request_id, request.attempt))
@@ -255,7 +269,9 @@ class TtcaRouter(BaseRouter):
         model = flight.model
         model.start_decoding(flight.uncached, flight.cached, flight.kv_tokens)
         p = flight.prediction
-        if p.prefill_s > 0.0:
+        # a first token says little of the engine when the network dominates it: its
+        # jitter and peaks would be learned as a slower engine
+        if flight.is_probe and p.prefill_s > 0.0 and p.prefill_s >= MIN_ENGINE_SHARE * flight.rtt_s:
             observed = now_s - flight.dispatch_s
             model.observe_ttft(
                 flight.rtt_s + p.ttft_engine_s, observed, p.prefill_s, observed - flight.rtt_s
@@ -292,6 +308,7 @@ class _Flight:
         "cached",
         "dispatch_s",
         "first_token_s",
+        "is_probe",
         "kv_tokens",
         "model",
         "prediction",
@@ -308,8 +325,10 @@ class _Flight:
         prediction: Prediction,
         rtt_s: float,
         dispatch_s: float,
+        is_probe: bool,
     ) -> None:
         self.model = model
+        self.is_probe = is_probe
         self.uncached = uncached
         self.cached = cached
         self.kv_tokens = kv_tokens
