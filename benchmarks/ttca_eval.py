@@ -1,0 +1,303 @@
+"""The ttca router against each seed's router on its home turf, and on `mixed` (issue 18).
+
+    python benchmarks/ttca_eval.py            # seeds 10-14, ~15 min on 2 cores
+    python benchmarks/ttca_eval.py --quick    # seeds 10-11, a smoke run
+
+Runs, each at every evaluation seed (none of them a tuning seed):
+
+* ``mixed``: every router of the scenario and ``ttca``;
+* ``laar``: ``ttca`` and ``laar``;
+* ``gorgo``: ``ttca`` and GORGO with weights tuned once by ``longroute tune`` (tuner
+  seed 0, the scenario's tuning window), on the held-out windows ``half`` and ``third``;
+* ``default`` and ``long-sessions``: ``ttca`` and every baseline of the scenario;
+* self-calibration: ``mixed`` with one endpoint slowed 2x (``slowdown: 2``) that the
+  router still believes nominal; the TTFT error of ttca's predictions on it, per
+  request in order of dispatch.
+
+Every comparison is ttca over the reference, paired by seed: the median ratio, its
+95% bootstrap CI and the seeds ttca won. The last line is one JSON object with
+``goals``: one per acceptance bullet of the issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from longroute.metrics.summary import summarize
+from longroute.routing import Router
+from longroute.sim.scenario import load_scenario, run_scenario
+from longroute.sim.tune import TuneOptions, tune_scenario
+from longroute.sim.windows import run_windows
+from longroute.sweep.spec import parse_seeds
+from longroute.sweep.stats import paired_ratio
+from longroute.tuning import as_tunable
+
+HOME = ("default", "long-sessions")
+HELD_OUT = ("half", "third")
+CALIBRATION_REQUESTS = 100
+Figures = dict[str, dict[str, float]]  # router -> metric -> value
+
+
+def _figures(run_results: dict, ttca: dict) -> Figures:
+    out: Figures = {}
+    for name, result in run_results.items():
+        s = summarize(result.records, num_rejected=result.num_rejected)
+        row = {"ttft_p95_s": float(s["ttft_p95_s"]), "e2e_p95_s": float(s["e2e_p95_s"])}
+        if name in ttca:
+            row["mean_ttca_s"] = ttca[name].mean_s
+            row["final_success"] = ttca[name].final_success
+        out[name] = row
+    return out
+
+
+def plain_job(job: tuple[str, int, tuple[str, ...] | None]) -> tuple[tuple[str, int], Figures]:
+    scenario, seed, routers = job
+    config = load_scenario(scenario)
+    names = None
+    if routers is not None:
+        names = list(routers)
+    elif config.routers:
+        names = [*config.routers, *(["ttca"] if "ttca" not in config.routers else [])]
+    run = run_scenario(config, seed=seed, routers=names)
+    return (scenario, seed), _figures(run.results, run.ttca())
+
+
+def gorgo_job(job: tuple[int, dict[str, float]]) -> tuple[tuple[str, int], dict[str, Figures]]:
+    seed, weights = job
+
+    def prepare(name: str, router: Router) -> tuple[()]:
+        if name == "gorgo":
+            as_tunable(router).set_weights(weights)
+        return ()
+
+    runs = run_windows(load_scenario("gorgo"), seed=seed, routers=["ttca", "gorgo"],
+                       only=list(HELD_OUT), prepare_router=prepare)  # fmt: skip
+    return ("gorgo", seed), {w.window.name: _figures(w.run.results, {}) for w in runs}
+
+
+def calibration_job(seed: int) -> tuple[tuple[str, int], list[float]]:
+    """ttca's relative TTFT error on a 2x-slowed endpoint, per request sent there."""
+    config = load_scenario("mixed")
+    slowed = config.fleet[0]
+    fleet = [slowed.model_copy(update={"slowdown": 2.0}), *config.fleet[1:]]
+    config = config.model_copy(update={"fleet": fleet})
+    errors: list[float] = []
+    target = slowed.name if slowed.replicas == 1 else f"{slowed.name}-0"
+
+    def prepare(name: str, router: Router) -> tuple[()]:
+        original_route = router.route
+        original_first = router.on_first_token
+        predicted: dict[tuple[str, int], tuple[float, float]] = {}
+
+        def route(request: Any, fleet: Any, now_s: float) -> Any:
+            decision = original_route(request, fleet, now_s)
+            if decision.predicted_ttft_s is not None:
+                predicted[(request.request_id, request.attempt)] = (
+                    decision.predicted_ttft_s if decision.endpoint == target else -1.0,
+                    now_s,
+                )
+            return decision
+
+        def on_first_token(request: Any, endpoint: str, now_s: float) -> None:
+            entry = predicted.pop((request.request_id, request.attempt), None)
+            if endpoint == target and entry is not None and entry[0] > 0:
+                observed = now_s - entry[1]
+                errors.append(abs(entry[0] - observed) / observed)
+            original_first(request, endpoint, now_s)
+
+        router.route = route  # type: ignore[method-assign]
+        router.on_first_token = on_first_token  # type: ignore[method-assign]
+        return ()
+
+    run_scenario(config, seed=seed, routers=["ttca"], prepare_router=prepare)
+    return ("calibration", seed), errors
+
+
+def _ratio(mine: list[float], ref: list[float], *, lower: bool = True) -> dict[str, Any]:
+    pair = paired_ratio(mine, ref, is_lower_better=lower)
+    e = pair.estimate
+    return {"median": e.median, "ci": list(e.ci) if e.ci else None,
+            "num_wins": pair.num_wins, "num_seeds": pair.num_seeds}  # fmt: skip
+
+
+def _series(data: dict, key: tuple[str, int], seeds: list[int], router: str, metric: str,
+            window: str | None = None) -> list[float]:  # fmt: skip
+    out = []
+    for seed in seeds:
+        figs = data[(key[0], seed)]
+        figs = figs[window] if window is not None else figs
+        out.append(figs[router][metric])
+    return out
+
+
+def _cell(r: dict[str, Any]) -> str:
+    low, high = r["ci"] if r["ci"] else (r["median"], r["median"])
+    return f"{r['median']:.3f} [{low:.3f}, {high:.3f}] {r['num_wins']}/{r['num_seeds']}"
+
+
+def _line(label: str, cells: list[str]) -> None:
+    print(f"{label:<24}" + "".join(f"{c:>26}" for c in cells))
+
+
+def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
+    figures: dict[str, Any] = {}
+    goals: dict[str, dict[str, Any]] = {}
+
+    def series(scenario: str, router: str, metric: str, window: str | None = None) -> list[float]:
+        return _series(data, (scenario, 0), seeds, router, metric, window)
+
+    # ---- mixed
+    routers = [r for r in data[("mixed", seeds[0])] if r != "ttca"]
+    print("\nmixed: ttca / router, per seed: median [95% CI], seeds ttca won")
+    _line("router", ["mean TTCA", "TTFT p95", "final success (x)"])
+    mixed: dict[str, Any] = {}
+    worst_ttca = worst_ttft = 0.0
+    for r in routers:
+        row = {
+            "mean_ttca": _ratio(
+                series("mixed", "ttca", "mean_ttca_s"), series("mixed", r, "mean_ttca_s")
+            ),
+            "ttft_p95": _ratio(
+                series("mixed", "ttca", "ttft_p95_s"), series("mixed", r, "ttft_p95_s")
+            ),
+            "final_success": _ratio(
+                series("mixed", "ttca", "final_success"),
+                series("mixed", r, "final_success"),
+                lower=False,
+            ),
+        }
+        mixed[r] = row
+        worst_ttca = max(worst_ttca, row["mean_ttca"]["median"])
+        worst_ttft = max(worst_ttft, row["ttft_p95"]["median"])
+        _line(r, [_cell(row["mean_ttca"]), _cell(row["ttft_p95"]), _cell(row["final_success"])])
+    best_success = max(statistics.median(series("mixed", r, "final_success")) for r in routers)
+    own_success = statistics.median(series("mixed", "ttca", "final_success"))
+    figures["mixed"] = mixed
+    goals["mixed"] = {
+        "target": "mean TTCA and TTFT p95 <= 0.9x every other router's; final success >= the "
+        "best other router's (medians over seeds)",
+        "value": max(worst_ttca, worst_ttft),
+        "met": worst_ttca <= 0.9 and worst_ttft <= 0.9 and own_success >= best_success,
+    }
+    # ---- home turf
+    laar = _ratio(series("laar", "ttca", "mean_ttca_s"), series("laar", "laar", "mean_ttca_s"))
+    print("\nhome turf: ttca / reference")
+    _line("laar: mean TTCA / laar", [_cell(laar)])
+    home: dict[str, Any] = {"laar": laar}
+    worst_home = laar["median"]
+    for window in HELD_OUT:
+        for metric in ("ttft_p95_s", "e2e_p95_s"):
+            r = _ratio(
+                series("gorgo", "ttca", metric, window), series("gorgo", "gorgo", metric, window)
+            )
+            home[f"gorgo/{window}/{metric}"] = r
+            worst_home = max(worst_home, r["median"])
+            _line(f"gorgo {window} {metric[:-2]}", [_cell(r)])
+    for scenario in HOME:
+        baselines = [r for r in data[(scenario, seeds[0])] if r != "ttca"]
+        medians = {b: statistics.median(series(scenario, b, "ttft_p95_s")) for b in baselines}
+        best = min(medians, key=lambda b: medians[b])
+        r = _ratio(series(scenario, "ttca", "ttft_p95_s"), series(scenario, best, "ttft_p95_s"))
+        r["reference"] = best
+        home[scenario] = r
+        worst_home = max(worst_home, r["median"])
+        _line(f"{scenario} TTFT p95 / {best}"[:24], [_cell(r)])
+    figures["home"] = home
+    goals["home_turf"] = {
+        "target": "laar mean TTCA <= 1.0x laar; gorgo held out TTFT/E2E p95 <= 1.0x tuned "
+        "gorgo; default and long-sessions TTFT p95 <= 1.0x the best baseline",
+        "value": worst_home,
+        "met": worst_home <= 1.0,
+    }
+    # ---- self-calibration
+    curves = [data[("calibration", s)] for s in seeds]
+    window = 20
+    ends = []
+    for errors in curves:
+        upto = errors[:CALIBRATION_REQUESTS]
+        tail = upto[-window:] if len(upto) >= window else upto
+        ends.append(statistics.median(tail) if tail else float("nan"))
+    starts = [statistics.median(e[:5]) for e in curves if len(e) >= 5]
+    last = f"median_error_of_requests_{CALIBRATION_REQUESTS - window + 1}_{CALIBRATION_REQUESTS}"
+    figures["calibration"] = {
+        "first_5_median_error": starts,
+        "requests_seen": [len(e) for e in curves],
+        last: ends,
+    }
+    print(f"\nself-calibration (2x slower than its profile): TTFT error of the first 5 "
+          f"requests {', '.join(f'{v:.2f}' for v in starts)}; of requests "
+          f"{CALIBRATION_REQUESTS - window + 1}-{CALIBRATION_REQUESTS} "
+          f"{', '.join(f'{v:.2f}' for v in ends)} (one per seed)")  # fmt: skip
+    worst_end = max(ends)
+    goals["self_calibration"] = {
+        "target": f"TTFT error < 20% within {CALIBRATION_REQUESTS} requests on an endpoint 2x "
+        "slower than its profile (median of the last 20, worst seed)",
+        "value": worst_end,
+        "met": worst_end < 0.2,
+    }
+    goals["decision_overhead"] = {
+        "target": "decision p99 <= 100 us, 16 endpoints, 100,000-block index: "
+        "benchmarks/routing_overhead.py",
+        "value": None,
+        "met": None,
+    }
+    goals["unit_tests"] = {"target": "tests/test_ttca_router.py", "value": None, "met": None}
+    return figures, goals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="10-14", help="evaluation seeds (at least 5)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--quick", action="store_true", help="seeds 10-11: a smoke run")
+    args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        seeds = parse_seeds("10-11" if args.quick else args.seeds)
+    except ValueError as exc:
+        parser.error(str(exc))
+    start = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+
+    def progress(i: int, total: int, what: str) -> None:
+        print(f"  [{i}/{total}] {what} ({time.perf_counter() - start:.0f} s)", flush=True)
+
+    print("tuning GORGO on gorgo (tuner seed 0) ...", flush=True)
+    weights = dict(tune_scenario(load_scenario("gorgo"), TuneOptions(), seed=0).frozen.weights)
+    print(f"  weights: {weights}", flush=True)
+    jobs: list[tuple[Any, Any]] = []
+    for seed in seeds:
+        jobs.append((plain_job, ("mixed", seed, None)))
+        jobs.append((plain_job, ("laar", seed, ("ttca", "laar"))))
+        for scenario in HOME:
+            jobs.append((plain_job, (scenario, seed, None)))
+        jobs.append((gorgo_job, (seed, weights)))
+        jobs.append((calibration_job, seed))
+    data: dict[tuple[str, int], Any] = {}
+    print(f"running {len(jobs)} jobs on {args.jobs} workers ...", flush=True)
+    with context.Pool(args.jobs) as pool:
+        pending = [pool.apply_async(fn, (arg,)) for fn, arg in jobs]
+        for i, result in enumerate(pending, start=1):
+            key, value = result.get()
+            data[key] = value
+            progress(i, len(jobs), f"{key[0]} seed {key[1]}")
+    figures, goals = analyse(data, seeds)
+    for name, goal in goals.items():
+        value = "-" if goal["value"] is None else f"{goal['value']:.3f}"
+        verdict = {True: "met", False: "NOT met", None: "see target"}[goal["met"]]
+        print(f"goal {name}: {value}: {verdict}")
+    runs = {f"{k[0]}/{k[1]}": v for k, v in data.items()}
+    print(json.dumps({"benchmark": "ttca_eval", "seeds": seeds, "gorgo_weights": weights,
+                      "runs": runs, "figures": figures, "goals": goals}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
