@@ -3,9 +3,11 @@
 A scenario with a ``correctness`` section checks answers and retries wrong
 ones (TTCA metrics); one with a ``capability`` section builds Q(m,x) once
 (fitted offline on its ``fit_workload``, or read from a file) and hands it to
-every router whose class sets ``needs_capability = True`` (laar). Such
-routers are left out of the default "all routers" list of scenarios without
-a ``capability`` section, and naming one there is a ConfigError.
+every router whose class sets ``needs_capability = True`` (laar) or
+``wants_capability = True`` (ttca). A router that needs one is left out of the
+default "all routers" list of scenarios without a ``capability`` section, and
+naming one there is a ConfigError; a router that wants one is built without it
+there (its ``capability`` parameter keeps its default), and runs either way.
 """
 
 from __future__ import annotations
@@ -232,6 +234,17 @@ def needs_capability(router: str) -> bool:
     return bool(getattr(ROUTERS.get(router), "needs_capability", False))
 
 
+def wants_capability(router: str) -> bool:
+    """True if the registered router class takes a ``capability`` when the scenario has
+    one and runs without it otherwise (``wants_capability``)."""
+    return bool(getattr(ROUTERS.get(router), "wants_capability", False))
+
+
+def takes_capability(router: str) -> bool:
+    """True if the router gets the scenario's capability model: it needs or wants one."""
+    return needs_capability(router) or wants_capability(router)
+
+
 def _has_capability(config: ScenarioConfig, router: str) -> bool:
     return config.capability is not None or "capability" in config.router_params.get(router, {})
 
@@ -240,9 +253,11 @@ def resolve_routers(config: ScenarioConfig, routers: list[str] | None = None) ->
     """The routers to run: ``routers``, else the scenario's, else every registered one.
 
     The default "every router" leaves out routers that need a capability
-    model when the scenario has none. Raises ``RegistryError`` for an
-    unknown name (in ``router_params`` too) and ``ConfigError`` for a
-    capability router named in a scenario without a ``capability`` section.
+    model when the scenario has none (routers that only want one stay in).
+    Raises ``RegistryError`` for an unknown name (in ``router_params`` too)
+    and ``ConfigError`` for a router that needs a capability named in a
+    scenario without a ``capability`` section, or for a capability given both
+    in the section and in a router's params.
     """
     for name in [*(routers or []), *(config.routers or []), *config.router_params]:
         ROUTERS.get(name)  # fail before any work on an unknown name (a typo in params too)
@@ -265,17 +280,17 @@ def resolve_routers(config: ScenarioConfig, routers: list[str] | None = None) ->
                     f"scenario {config.name!r} has no `workflow_predictors` section (add one "
                     "with fit_workload or model files)"
                 )
-        if needs_capability(name):
-            if not _has_capability(config, name):
-                raise ConfigError(
-                    f"router {name!r} needs a capability model, but scenario {config.name!r} "
-                    "has no `capability` section (add one with fit_workload or file)"
-                )
-            if config.capability is not None and "capability" in config.router_params.get(name, {}):
-                raise ConfigError(
-                    f"router {name!r}: give the capability model once, in the `capability` "
-                    f"section or in router_params.{name}.capability, not both"
-                )
+        if needs_capability(name) and not _has_capability(config, name):
+            raise ConfigError(
+                f"router {name!r} needs a capability model, but scenario {config.name!r} "
+                "has no `capability` section (add one with fit_workload or file)"
+            )
+        is_twice = "capability" in config.router_params.get(name, {})
+        if takes_capability(name) and config.capability is not None and is_twice:
+            raise ConfigError(
+                f"router {name!r}: give the capability model once, in the `capability` "
+                f"section or in router_params.{name}.capability, not both"
+            )
     return names
 
 
@@ -339,7 +354,7 @@ def run_scenario(
     )
     correctness = _correctness(config, seed, endpoints, workload)
     capability = None
-    if config.capability is not None and any(needs_capability(n) for n in names):
+    if config.capability is not None and any(takes_capability(n) for n in names):
         models = sorted({e.model for e in endpoints})
         oracle = correctness.oracle if correctness is not None else None
         capability = build_capability(config.capability, oracle, models, seed)
@@ -348,7 +363,7 @@ def run_scenario(
     for name in names:
         # each router gets its own streams, derived from the seed and its name only
         salt = zlib.crc32(name.encode())
-        is_given = capability is not None and needs_capability(name)
+        is_given = capability is not None and takes_capability(name)
         extra: dict[str, Any] = {"capability": capability} if is_given else {}
         extra.update({k: workflow_models[k] for k in predictor_kinds(name) if k in workflow_models})
         router = ROUTERS.build(
