@@ -166,8 +166,10 @@ def test_a_more_accurate_slower_model_wins_where_the_fast_one_fails() -> None:
 
 def test_the_expected_time_prices_a_failure_as_the_best_other_models_answer() -> None:
     fleet = FleetView([ep("a", model="phi-3-mini"), ep("b", model="phi-3-medium")])
-    router = TtcaRouter(capability=FakeCapability({"phi-3-mini": 0.5, "phi-3-medium": 0.8}))
+    capability = FakeCapability({"phi-3-mini": 0.5, "phi-3-medium": 0.8})
+    router = TtcaRouter(capability=capability, retry_pricing="next-model")
     decision = router.route(req(prompt=8192), fleet, 0.0)
+    geometric = TtcaRouter(capability=capability).route(req(prompt=8192), fleet, 0.0)
     times = {}
     for name in ("a", "b"):
         alone = TtcaRouter()
@@ -175,6 +177,7 @@ def test_the_expected_time_prices_a_failure_as_the_best_other_models_answer() ->
         times[name] = alone.route(req(prompt=8192), single, 0.0).scores[name]
     assert decision.scores["a"] == pytest.approx(times["a"] + 0.5 * times["b"] / 0.8)
     assert decision.scores["b"] == pytest.approx(times["b"] + 0.2 * times["a"] / 0.5)
+    assert geometric.scores == pytest.approx({"a": times["a"] / 0.5, "b": times["b"] / 0.8})
 
 
 def test_tried_models_rank_after_untried_ones_then_the_router_stops() -> None:
@@ -286,6 +289,7 @@ def test_a_network_dominated_first_token_does_not_teach_the_engine_correction() 
         ({"tried_penalty": math.nan}, "tried_penalty"),
         ({"calibration_alpha": 2.0}, "calibration_alpha"),
         ({"externality_weight": -1.0}, "externality_weight"),
+        ({"retry_pricing": "nope"}, "retry_pricing"),
         ({"max_tries_per_model": 0}, "max_tries_per_model"),
     ],
 )
