@@ -46,7 +46,11 @@ class BackendConfig(_Model):
     )
     model: str = Field(min_length=1, description="Model name the backend serves.")
     region: str = Field("local", description="Region the backend runs in.")
-    hardware: str = Field("generic", description="Hardware label, informational for routers.")
+    hardware: str = Field(
+        "generic",
+        description="Hardware label for routers; ttca needs a hardware profile (h100, "
+        "a100-80g, ...) here and a model profile as model.",
+    )
     max_concurrency: int = Field(64, ge=1, description="Requests in flight at most.")
     api_key_env: str | None = Field(
         None, description="Environment variable holding the backend's API key."

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from longroute.clock import WallClock
 from longroute.errors import ConfigError
+from longroute.estimators.parallel import endpoint_predictor
 from longroute.gateway.backends import Backend
 from longroute.gateway.config import GatewayConfig
 from longroute.gateway.rtt_probe import RttProber
@@ -24,6 +25,7 @@ from longroute.routing import ROUTERS
 from longroute.routing.base import Router
 from longroute.routing.chimera import ChimeraRouter
 from longroute.routing.fleet_view import FleetView
+from longroute.routing.ttca import TtcaRouter
 from longroute.routing.workflow_load import seconds_per_token
 
 
@@ -34,7 +36,8 @@ def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Rout
     fitted without some served model is refused naming the models it lacks (else
     the first request for such a model would fail); a router that prices tokens
     per endpoint (chimera) is asked for every backend's price now, not at the
-    first request.
+    first request, and one that times requests from model and hardware profiles
+    (ttca) for every backend's predictor.
     """
     spec = config.router
     for kind in getattr(ROUTERS.get(spec.name), "workflow_predictors", ()):
@@ -56,7 +59,23 @@ def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Rout
         check_predictor(getattr(router, kind), kind, served, where)
     if isinstance(router, ChimeraRouter):  # it prices each endpoint's tokens at first use
         check_token_prices(spec.params.get("seconds_per_token_by_model") or {}, backends)
+    if isinstance(router, TtcaRouter):  # it times each backend from its profiles
+        check_time_profiles(spec.name, backends)
     return router
+
+
+def check_time_profiles(router_name: str, backends: Mapping[str, Backend]) -> None:
+    """ConfigError naming the first backend whose ``model`` and ``hardware`` name no
+    model and hardware profile (the router could not predict its times)."""
+    for backend in backends.values():
+        try:
+            endpoint_predictor(backend.endpoint)
+        except ValueError as exc:
+            raise ConfigError(
+                f"router {router_name!r} predicts times from each backend's model and hardware "
+                f"profiles; backend {backend.name!r} (model {backend.model!r}, hardware "
+                f"{backend.endpoint.hardware!r}): {exc}"
+            ) from None
 
 
 def check_token_prices(fixed: Mapping[str, float], backends: Mapping[str, Backend]) -> None:
