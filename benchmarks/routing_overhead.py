@@ -9,9 +9,14 @@ KV-lookup task, a session id and a tried-model list of 0 to 4 models (LAAR's
 retry penalty runs), and name no model, so every endpoint is a candidate.
 Only ``route`` is timed (the fleet is not changed between decisions).
 
-LAAR gets a CapabilityModel fitted on outcomes drawn from the ``laar-default``
-accuracy table. The per-request features the gateway computes for LAAR are
-timed too: ``detect_language`` on a real 64K-token KV-lookup prompt from
+LAAR and TTCA get a CapabilityModel fitted on outcomes drawn from the
+``laar-default`` accuracy table. TTCA prices each endpoint's queue, prefill and
+decode from its own counters of the work it sent there, so it is told of the
+fleet's in-flight requests through its hooks before timing (``on_dispatch``
+for each, ``on_first_token`` for all but the last per endpoint, which is still
+in prefill): without running decodes it would skip the externality terms. The
+per-request features the gateway computes for LAAR are timed too:
+``detect_language`` on a real 64K-token KV-lookup prompt from
 ``workloads.kv_prompts`` in English and in Japanese (~192 KiB at its 3
 characters per token; the detector reads only the last 512 characters, so
 size hardly matters), and ``length_bucket``.
@@ -22,10 +27,21 @@ within a round, so a busy neighbour process hits them alike. Per round the
 median and p99 are taken; the median over rounds is reported (the machine's
 CPU count and load average are printed alongside: compare ratios). The gateway budget is
 sglang-router 0.3.2's added p50 latency in ``benchmarks/gateway_overhead.py``
-(5.6 ms non-streamed, README "Gateway overhead"). The last line of output is
-one JSON object with every figure.
+(5.6 ms non-streamed, README "Gateway overhead").
 
-    python benchmarks/routing_overhead.py [--rounds 7] [--decisions 2000] [--quick]
+The goal of issue 18, ttca's decision p99 <= 100 µs with 16 endpoints and a
+100,000-block prefix index, is measured on a case of its own: the 16-endpoint
+fleet above with its prefix index filled to exactly ``--index-blocks`` trie
+nodes by dispatched-and-completed multi-turn sessions (``gorgo_routing.fill``:
+8K-16K-token contexts growing by 300-2,500 tokens a turn, 30% after a shared
+system prompt, 85% of a session's turns on its home endpoint, then 0-8
+requests in flight per endpoint), and requests of the shape above whose
+extending half extends a prompt in that index. ttca, gorgo, prefix-cache and
+laar take turns as above. The last line of output is one JSON object with
+every figure, the goal under ``goals``.
+
+    python benchmarks/routing_overhead.py [--rounds 7] [--decisions 2000] [--index-blocks 100000]
+        [--quick]
 """
 
 from __future__ import annotations
@@ -40,6 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gorgo_routing import Chains, fill
 from longroute.estimators.capability import CapabilityModel
 from longroute.estimators.capability_fit import Outcome, fit_capability
 from longroute.features.block_hash import synthetic_block_hashes
@@ -58,9 +75,16 @@ ROUTER_NAMES = (
     "least-load",
     "session-affinity",
     "prefix-cache",
+    "gorgo",
     "laar",
+    "ttca",
 )
+CAPABILITY_ROUTERS = ("laar", "ttca")
+PRIMED_ROUTERS = ("ttca",)  # keep their own per-endpoint counters of work in flight
 FLEET_SIZES = (5, 16, 64)
+GOAL_FLEET_SIZE = 16
+GOAL_ROUTERS = ("ttca", "gorgo", "prefix-cache", "laar")
+TTCA_GOAL_P99_US = 100.0
 LAAR_MODELS = (
     "phi-3-mini",
     "phi-3-medium",
@@ -77,9 +101,8 @@ PROMPT_TOKENS = 65536
 # ---- fleet, requests, capability ------------------------------------------------
 
 
-def build_fleet(num_endpoints: int, rng: random.Random) -> tuple[FleetView, list[tuple[int, ...]]]:
-    """A fleet with in-flight requests dispatched; returns it and their block chains."""
-    endpoints = [
+def build_endpoints(num_endpoints: int) -> list[Endpoint]:
+    return [
         Endpoint(
             name=f"ep{i:02d}-{LAAR_MODELS[i % 5]}",
             model=LAAR_MODELS[i % 5],
@@ -89,6 +112,11 @@ def build_fleet(num_endpoints: int, rng: random.Random) -> tuple[FleetView, list
         )
         for i in range(num_endpoints)
     ]
+
+
+def build_fleet(num_endpoints: int, rng: random.Random) -> tuple[FleetView, list[tuple[int, ...]]]:
+    """A fleet with in-flight requests dispatched; returns it and their block chains."""
+    endpoints = build_endpoints(num_endpoints)
     fleet = FleetView(endpoints)
     chains: list[tuple[int, ...]] = []
     for e in endpoints:
@@ -195,6 +223,39 @@ def _decider(router: Router, fleet: FleetView) -> Callable[[Request], object]:
     return decide
 
 
+def prime(router: Router, fleet: FleetView) -> None:
+    """Tell ``router`` of the fleet's in-flight requests through its hooks: per endpoint,
+    all but the last decoding, the last still in prefill (prompts of the mean length)."""
+    warm = Request("prime", 0.0, 1024, 24, language=Language.LATIN, task=KV_TASK)
+    router.route(warm, fleet, 0.0)  # the router meets every endpoint
+    for e in fleet.endpoints:
+        state = fleet.state(e.name)
+        num = state.num_inflight_requests
+        for j in range(num):
+            request = Request(
+                f"prime-{e.name}-{j}",
+                0.0,
+                state.num_inflight_prompt_tokens // num,
+                max(1, state.num_inflight_output_tokens // num),
+            )
+            router.on_dispatch(request, e.name, 0.0)
+            if j < num - 1:
+                router.on_first_token(request, e.name, 0.0)
+
+
+def _deciders(
+    names: tuple[str, ...], fleet: FleetView, capability: CapabilityModel
+) -> dict[str, Callable[[Request], object]]:
+    calls = {}
+    for name in names:
+        extra = {"capability": capability} if name in CAPABILITY_ROUTERS else {}
+        router = ROUTERS.build(name, rng=random.Random(0), **extra)
+        if name in PRIMED_ROUTERS:
+            prime(router, fleet)
+        calls[name] = _decider(router, fleet)
+    return calls
+
+
 def bench_routers(
     rounds: int, num_decisions: int, capability: CapabilityModel
 ) -> dict[str, dict[str, dict[str, float]]]:
@@ -203,13 +264,34 @@ def bench_routers(
         rng = random.Random(size)
         fleet, chains = build_fleet(size, rng)
         requests = build_requests(num_decisions, chains, rng)
-        calls = {}
-        for name in ROUTER_NAMES:
-            extra = {"capability": capability} if name == "laar" else {}
-            calls[name] = _decider(ROUTERS.build(name, rng=random.Random(0), **extra), fleet)
+        calls = _deciders(ROUTER_NAMES, fleet, capability)
         for name, figure in time_interleaved(calls, requests, rounds).items():
             figures[name][str(size)] = figure
     return figures
+
+
+def bench_indexed(
+    rounds: int, num_decisions: int, num_index_blocks: int, capability: CapabilityModel
+) -> dict[str, Any]:
+    """The goal's case: ``GOAL_FLEET_SIZE`` endpoints, the index at ``num_index_blocks``."""
+    rng = random.Random(GOAL_FLEET_SIZE)
+    fleet = FleetView(build_endpoints(GOAL_FLEET_SIZE))
+    prompts, num_dispatches = fill(fleet, Chains(BLOCK_TOKENS, rng), num_index_blocks)
+    num_nodes = fleet.prefix_index.num_nodes()
+    if num_nodes != num_index_blocks:
+        raise SystemExit(f"the prefix index has {num_nodes} blocks, not {num_index_blocks}")
+    requests = build_requests(num_decisions, prompts, rng)
+    matched = [max(fleet.prefix_index.match(q.block_hashes).values(), default=0) for q in requests]
+    calls = _deciders(GOAL_ROUTERS, fleet, capability)
+    return {
+        "num_endpoints": GOAL_FLEET_SIZE,
+        "num_index_blocks": num_nodes,
+        "num_fill_dispatches": num_dispatches,
+        "num_inflight": sum(fleet.state(e.name).num_inflight_requests for e in fleet.endpoints),
+        "mean_prompt_blocks": statistics.fmean(len(q.block_hashes) for q in requests),
+        "share_with_cached_prefix": sum(m > 0 for m in matched) / len(matched),
+        "timings": time_interleaved(calls, requests, rounds),
+    }
 
 
 def bench_features(rounds: int, num_calls: int) -> dict[str, dict[str, float]]:
@@ -253,6 +335,28 @@ def summarise(
     }
 
 
+def ttca_goal(indexed: dict[str, Any]) -> dict[str, Any]:
+    p99_us = indexed["timings"]["ttca"]["p99_us"]
+    return {
+        "target": f"<= {TTCA_GOAL_P99_US:.0f} us",
+        "value": p99_us,
+        "met": p99_us <= TTCA_GOAL_P99_US,
+    }
+
+
+def print_indexed(indexed: dict[str, Any], goal: dict[str, Any]) -> None:
+    print(
+        f"{indexed['num_endpoints']} endpoints, prefix index {indexed['num_index_blocks']:,} "
+        f"blocks ({indexed['num_fill_dispatches']:,} fill dispatches), "
+        f"{indexed['num_inflight']} in flight; prompts {indexed['mean_prompt_blocks']:.0f} "
+        f"blocks on average, {indexed['share_with_cached_prefix']:.0%} with a cached prefix"
+    )
+    for name, t in indexed["timings"].items():
+        print(f"{name:>18}{t['median_us']:>12.1f} / {t['p99_us']:<7.1f} µs median / p99")
+    verdict = "met" if goal["met"] else "NOT met"
+    print(f"goal: ttca decision p99 {goal['value']:.1f} µs {goal['target']}: {verdict}")
+
+
 def print_report(
     routers: dict[str, dict[str, dict[str, float]]],
     features: dict[str, dict[str, float]],
@@ -288,11 +392,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--decisions", type=int, default=2000, help="timed decisions per round")
+    parser.add_argument(
+        "--index-blocks", type=int, default=100_000, help="prefix-index blocks of the goal case"
+    )
     parser.add_argument("--quick", action="store_true", help="3 rounds x 300 decisions")
     args = parser.parse_args()
     rounds, num_decisions = (3, 300) if args.quick else (args.rounds, args.decisions)
-    if rounds < 1 or num_decisions < 100:
-        raise SystemExit("need --rounds >= 1 and --decisions >= 100 (for a p99)")
+    if rounds < 1 or num_decisions < 100 or args.index_blocks < 1:
+        raise SystemExit(
+            "need --rounds >= 1, --decisions >= 100 (for a p99) and --index-blocks >= 1"
+        )
     capability, capability_source = build_capability(random.Random(0))
     load_before = os.getloadavg()[0]
     print(
@@ -301,12 +410,17 @@ def main() -> None:
     )
     routers = bench_routers(rounds, num_decisions, capability)
     features = bench_features(rounds, num_decisions)
+    indexed = bench_indexed(rounds, num_decisions, args.index_blocks, capability)
     summary = summarise(routers, features)
+    goal = ttca_goal(indexed)
     print_report(routers, features, summary)
+    print_indexed(indexed, goal)
     figures = {
         "routers": routers,
         "features": features,
         "summary": summary,
+        "indexed": indexed,
+        "goals": {"ttca_decision_p99_us": goal},
         "capability": capability_source,
         "rounds": rounds,
         "decisions_per_round": num_decisions,
