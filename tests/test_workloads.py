@@ -319,6 +319,7 @@ def test_registry_builds_the_generators_and_rejects_unknown_knobs() -> None:
     assert WORKLOADS.names() == [
         "agent-workflows",
         "art-chat",
+        "blend",
         "kv-lookup",
         "long-sessions",
         "medha-mix",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from longroute.registry import Registry
 from longroute.workloads.agent_workflows import agent_workflows
 from longroute.workloads.art_chat import art_chat
+from longroute.workloads.blend import blend
 from longroute.workloads.generators import long_sessions, mixed_long_short, short_chat
 from longroute.workloads.kv_lookup import kv_lookup
 from longroute.workloads.medha_mix import medha_mix
@@ -24,3 +25,4 @@ WORKLOADS.register("art-chat")(art_chat)
 WORKLOADS.register("rag")(rag)
 WORKLOADS.register("medha-mix")(medha_mix)
 WORKLOADS.register("agent-workflows")(agent_workflows)
+WORKLOADS.register("blend")(blend)
