@@ -47,11 +47,13 @@ def test_no_header_and_no_copy_without_a_prediction_for_the_backend() -> None:
 async def test_ttca_answers_carry_the_predicted_ttft_streamed_and_whole() -> None:
     a, b = FakeBackend("a", model=PROFILE), FakeBackend("b", model=PROFILE)
     extra = {"hardware": "h100"}
-    prompt = "word " * 4000  # some 5,000 tokens at 4 characters a token: tens of ms on an H100
+    # some 5,000 tokens at 4 characters a token, tens of ms on an H100; each its own, so
+    # that no prefix is cached (a cached prompt is predicted a few ms)
+    prompts = [f"{i} " + "word " * 4000 for i in range(4)]
     async with running_fleet(a, b, router={"name": "ttca"}, backend_extra=extra) as f:
         replies = [
             await f.chat(prompt, model=PROFILE, stream=stream, max_tokens=8)
-            for stream in (True, False, True, False)
+            for prompt, stream in zip(prompts, (True, False, True, False), strict=True)
         ]
     for (status, headers, body), stream in zip(replies, (True, False, True, False), strict=True):
         assert status == 200
