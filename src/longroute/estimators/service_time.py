@@ -15,7 +15,10 @@ for a new request with ``uncached`` prompt tokens after ``cached`` ones:
   the chunks' cached context, the decodes' KV reads), ``n = ceil(work / chunk)``.
 * **decode step**: one iteration of every sequence that will be decoding once
   it is admitted (running ones, those ahead of it, and itself) over their KV.
-  Concentrating load lengthens it: the GORGO finding, priced here.
+  Concentrating load lengthens it: the GORGO finding, priced here. Only for
+  about the running batch's mean remaining output, though: after that the
+  batch has drained, and the rest of a long answer is priced beside the
+  requests now waiting for a first token alone.
 
 Running decodes come from the router's own counters, or from the engine's
 scraped ``num_running`` when that is larger (traffic from other routers).
@@ -88,6 +91,7 @@ class EndpointTimeModel:
         "alpha",
         "budget_tokens",
         "decode_context_tokens",
+        "decode_remaining_tokens",
         "last_observed_tpot_s",
         "last_observed_ttft_s",
         "last_predicted_tpot_s",
@@ -116,6 +120,7 @@ class EndpointTimeModel:
         self.num_pending = 0
         self.num_decoding = 0
         self.decode_context_tokens = 0.0  # sum of decoding sequences' mean KV length
+        self.decode_remaining_tokens = 0.0  # sum of their mean remaining output
         self._log_ttft = 0.0
         self._log_tpot = 0.0
         self.ttft_correction = 1.0
@@ -149,7 +154,7 @@ class EndpointTimeModel:
         if work > 0:
             n = math.ceil(work / chunk)
             prefill_s = n * predictor.iteration_time_s(
-                work / n, pairs / n, int(ctx / n), decodes, int(context)
+                -(-work // n), pairs / n, int(ctx / n), decodes, int(context)
             )
         else:  # fully cached: one iteration computes the first token
             prefill_s = predictor.iteration_time_s(0, 0.0, cached, decodes + 1, int(context))
@@ -157,6 +162,22 @@ class EndpointTimeModel:
         own_kv = uncached + cached + num_output_tokens / 2.0
         others_kv = context + self.pending_context_tokens + self.pending_tokens
         step_s = predictor.iteration_time_s(0, 0.0, 0, batch, int(others_kv + own_kv))
+        # today's batch drains within about its mean remaining output; the tokens after
+        # that are decoded beside the requests now waiting for a first token only
+        # (later arrivals are spread by routing): a long answer is not priced at the
+        # snapshot's batch for its whole length
+        near = float(num_output_tokens)
+        if self.num_decoding > 0:
+            horizon = self.decode_remaining_tokens / self.num_decoding
+            if horizon < near:
+                near = horizon
+        far = num_output_tokens - near
+        mean_step_s = step_s
+        if far > 0.0:
+            lone_s = predictor.iteration_time_s(
+                0, 0.0, 0, self.num_pending + 1, int(self.pending_context_tokens + own_kv)
+            )
+            mean_step_s = (near * step_s + far * lone_s) / num_output_tokens
         externality_s = 0.0
         if decodes > 0:
             # each running decode waits for this prompt's chunks beside it ...
@@ -164,15 +185,15 @@ class EndpointTimeModel:
             externality_s = decodes * self._chunks_beside_s(
                 uncached, cached, chunk, base_s, decodes, int(context)
             )
-            # ... and then steps beside one more sequence while it decodes
+            # ... and then steps beside one more sequence while they share the batch
             if batch > 1:
                 fewer_s = predictor.iteration_time_s(0, 0.0, 0, batch - 1, int(others_kv))
-                externality_s += (batch - 1) * (step_s - fewer_s) * num_output_tokens
+                externality_s += (batch - 1) * (step_s - fewer_s) * near
         return Prediction(
             prefill_s,
-            step_s,
+            mean_step_s,
             prefill_s * self.ttft_correction,
-            step_s * self.tpot_correction,
+            mean_step_s * self.tpot_correction,
             externality_s * self.ttft_correction,
         )
 
@@ -186,7 +207,7 @@ class EndpointTimeModel:
         n = math.ceil(uncached / chunk)
         pairs = causal_attention_pairs(uncached, cached)
         with_chunk_s = self.predictor.iteration_time_s(
-            uncached / n, pairs / n, int(cached / n), decodes, context
+            -(-uncached // n), pairs / n, int(cached / n), decodes, context
         )
         return n * (with_chunk_s - base_s)
 
@@ -205,16 +226,23 @@ class EndpointTimeModel:
         if self.num_pending == 0:  # drop float residue
             self.pending_pairs = 0.0
 
-    def start_decoding(self, uncached: int, cached: int, kv_tokens: float) -> None:
+    def start_decoding(
+        self, uncached: int, cached: int, kv_tokens: float, remaining_tokens: float
+    ) -> None:
+        """``remaining_tokens``: the output it has left to decode, on average over its
+        decode (half its expected output)."""
         self.end_pending(uncached, cached)
         self.num_decoding += 1
         self.decode_context_tokens += kv_tokens
+        self.decode_remaining_tokens += remaining_tokens
 
-    def end_decoding(self, kv_tokens: float) -> None:
+    def end_decoding(self, kv_tokens: float, remaining_tokens: float) -> None:
         self.num_decoding -= 1
         self.decode_context_tokens -= kv_tokens
+        self.decode_remaining_tokens -= remaining_tokens
         if self.num_decoding == 0:
             self.decode_context_tokens = 0.0
+            self.decode_remaining_tokens = 0.0
 
     # ---- learning ------------------------------------------------------------
     def observe_ttft(

@@ -281,7 +281,7 @@ class TtcaRouter(BaseRouter):
             return
         flight.first_token_s = now_s
         model = flight.model
-        model.start_decoding(flight.uncached, flight.cached, flight.kv_tokens)
+        model.start_decoding(flight.uncached, flight.cached, flight.kv_tokens, flight.remaining)
         p = flight.prediction
         # a first token says little of the engine when the network dominates it: its
         # jitter and peaks would be learned as a slower engine
@@ -326,6 +326,7 @@ class _Flight:
         "kv_tokens",
         "model",
         "prediction",
+        "remaining",
         "rtt_s",
         "uncached",
     )
@@ -346,6 +347,7 @@ class _Flight:
         self.uncached = uncached
         self.cached = cached
         self.kv_tokens = kv_tokens
+        self.remaining = kv_tokens - uncached - cached  # half the expected output
         self.prediction = prediction
         self.rtt_s = rtt_s
         self.dispatch_s = dispatch_s
@@ -356,7 +358,7 @@ class _Flight:
         if self.first_token_s is None:
             self.model.end_pending(self.uncached, self.cached)
         else:
-            self.model.end_decoding(self.kv_tokens)
+            self.model.end_decoding(self.kv_tokens, self.remaining)
 
 
 def _prefer_meeting(scores: dict[str, float], ttft_s: dict[str, float], deadline_s: float) -> None:
