@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from longroute.estimators.runtime import RuntimePredictor, causal_attention_pairs
 
@@ -44,13 +45,15 @@ MAX_RATIO = 20.0
 """Observed/predicted ratios beyond [1/MAX_RATIO, MAX_RATIO] are clamped before learning."""
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    """Predicted engine-side seconds at one endpoint, before network.
+class Prediction(NamedTuple):
+    """Predicted engine-side seconds at one endpoint, before network (a tuple: one is
+    built per candidate per decision, and a frozen dataclass costs 10x more to make).
 
     ``prefill_s`` and ``step_s`` are the profile's (uncorrected) figures, kept so an
     observation can be judged against them; ``ttft_engine_s`` and ``tpot_s`` carry
-    the learned corrections.
+    the learned corrections. ``externality_s`` (corrected) is what the request would
+    add to the others at the endpoint: its prefill chunks lengthen every running
+    decode's iterations, and its place in the decode batch lengthens their steps.
     """
 
     prefill_s: float
@@ -58,9 +61,6 @@ class Prediction:
     ttft_engine_s: float
     tpot_s: float
     externality_s: float = 0.0
-    """Seconds the request would add to the others at the endpoint (corrected): its
-    prefill chunks lengthen every running decode's iterations, and its place in the
-    decode batch lengthens their steps while it decodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +86,7 @@ class EndpointTimeModel:
     """
 
     __slots__ = (
+        "_decode_only",
         "_log_tpot",
         "_log_ttft",
         "alpha",
@@ -121,6 +122,8 @@ class EndpointTimeModel:
         self.num_decoding = 0
         self.decode_context_tokens = 0.0  # sum of decoding sequences' mean KV length
         self.decode_remaining_tokens = 0.0  # sum of their mean remaining output
+        # (decodes, batch) -> decode-only iteration times; dropped when a counter changes
+        self._decode_only: tuple[tuple[int, int], float, float] | None = None
         self._log_ttft = 0.0
         self._log_tpot = 0.0
         self.ttft_correction = 1.0
@@ -180,15 +183,13 @@ class EndpointTimeModel:
             mean_step_s = (near * step_s + far * lone_s) / num_output_tokens
         externality_s = 0.0
         if decodes > 0:
+            base_s, fewer_s = self._decode_only_s(decodes, context, batch, others_kv)
             # each running decode waits for this prompt's chunks beside it ...
-            base_s = predictor.iteration_time_s(0, 0.0, 0, decodes, int(context))
             externality_s = decodes * self._chunks_beside_s(
                 uncached, cached, chunk, base_s, decodes, int(context)
             )
             # ... and then steps beside one more sequence while they share the batch
-            if batch > 1:
-                fewer_s = predictor.iteration_time_s(0, 0.0, 0, batch - 1, int(others_kv))
-                externality_s += (batch - 1) * (step_s - fewer_s) * near
+            externality_s += (batch - 1) * (step_s - fewer_s) * near
         return Prediction(
             prefill_s,
             mean_step_s,
@@ -196,6 +197,21 @@ class EndpointTimeModel:
             mean_step_s * self.tpot_correction,
             externality_s * self.ttft_correction,
         )
+
+    def _decode_only_s(
+        self, decodes: int, context: float, batch: int, others_kv: float
+    ) -> tuple[float, float]:
+        """Decode-only iteration times of the running decodes and of everyone but the new
+        request: they depend on the counters alone, so they are kept until one changes."""
+        key = (decodes, batch)
+        cached = self._decode_only
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        predictor = self.predictor
+        base_s = predictor.iteration_time_s(0, 0.0, 0, decodes, int(context))
+        fewer_s = predictor.iteration_time_s(0, 0.0, 0, batch - 1, int(others_kv))
+        self._decode_only = (key, base_s, fewer_s)
+        return base_s, fewer_s
 
     def _chunks_beside_s(
         self, uncached: int, cached: int, chunk: int, base_s: float, decodes: int, context: int
@@ -213,12 +229,14 @@ class EndpointTimeModel:
 
     # ---- counters ------------------------------------------------------------
     def add_pending(self, uncached: int, cached: int) -> None:
+        self._decode_only = None
         self.pending_tokens += uncached
         self.pending_pairs += causal_attention_pairs(uncached, cached)
         self.pending_context_tokens += cached
         self.num_pending += 1
 
     def end_pending(self, uncached: int, cached: int) -> None:
+        self._decode_only = None
         self.pending_tokens -= uncached
         self.pending_pairs -= causal_attention_pairs(uncached, cached)
         self.pending_context_tokens -= cached
@@ -231,12 +249,14 @@ class EndpointTimeModel:
     ) -> None:
         """``remaining_tokens``: the output it has left to decode, on average over its
         decode (half its expected output)."""
+        self._decode_only = None
         self.end_pending(uncached, cached)
         self.num_decoding += 1
         self.decode_context_tokens += kv_tokens
         self.decode_remaining_tokens += remaining_tokens
 
     def end_decoding(self, kv_tokens: float, remaining_tokens: float) -> None:
+        self._decode_only = None
         self.num_decoding -= 1
         self.decode_context_tokens -= kv_tokens
         self.decode_remaining_tokens -= remaining_tokens

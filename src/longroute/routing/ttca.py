@@ -43,6 +43,7 @@ from longroute.estimators.service_time import Calibration, EndpointTimeModel, Pr
 from longroute.routing.base import ROUTERS, BaseRouter, pick_min
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
 from longroute.routing.laar import SuccessModel
+from longroute.routing.ttca_support import Flight, check_params, prefer_meeting
 from longroute.types import Endpoint, Request, RouteDecision
 
 RETRY_PRICINGS = ("geometric", "next-model")
@@ -82,7 +83,7 @@ class TtcaRouter(BaseRouter):
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(rng=rng)
-        _check_params(default_probability, min_probability, tried_penalty, calibration_alpha)
+        check_params(default_probability, min_probability, tried_penalty, calibration_alpha)
         if max_tries_per_model is not None and max_tries_per_model < 1:
             raise ValueError(f"max_tries_per_model must be >= 1 or None, got {max_tries_per_model}")
         if isinstance(capability, str | Path):
@@ -111,7 +112,7 @@ class TtcaRouter(BaseRouter):
         # the last route() call: its key, matched blocks and per-endpoint predictions
         self._last_key: tuple[str, int] | None = None
         self._last: dict[str, tuple[int, int, Prediction, float]] = {}
-        self._flights: dict[tuple[str, int], _Flight] = {}
+        self._flights: dict[tuple[str, int], Flight] = {}
 
     # ------------------------------------------------------------------ hot path
 
@@ -123,6 +124,7 @@ class TtcaRouter(BaseRouter):
         block = request.block_size_tokens
         tried = request.tried_models
         q_of: dict[str, float] = {}
+        model_of: dict[str, str] = {}
         times: dict[str, float] = {}
         last: dict[str, tuple[int, int, Prediction, float]] = {}
         for state in candidates:
@@ -138,16 +140,17 @@ class TtcaRouter(BaseRouter):
             ttft_s = rtt_s + p.ttft_engine_s
             times[name] = ttft_s + (out - 1) * p.tpot_s + self.externality_weight * p.externality_s
             last[name] = (uncached, cached, p, rtt_s)
+            model_of[name] = endpoint.model
             if endpoint.model not in q_of:
                 q_of[endpoint.model] = self._probability(endpoint.model, request)
         self._last_key = (request.request_id, request.attempt)
         self._last = last
-        scores = self._expected(times, q_of, fleet, tried)
+        scores = self._expected(times, q_of, model_of, tried)
         if tried:
             self._penalise(scores, fleet, request, q_of)
         if self.slo_mode and request.slo is not None and request.slo.ttft_s is not None:
             deadline_s = request.arrival_s + request.slo.ttft_s - now_s
-            _prefer_meeting(
+            prefer_meeting(
                 scores, {n: v[3] + v[2].ttft_engine_s for n, v in last.items()}, deadline_s
             )
         chosen = pick_min(scores)
@@ -170,11 +173,13 @@ class TtcaRouter(BaseRouter):
         self,
         times: dict[str, float],
         q_of: dict[str, float],
-        fleet: FleetView,
+        model_of: dict[str, str],
         tried: tuple[str, ...],
     ) -> dict[str, float]:
-        """E(e) = T + (1 - Q) R(m), R the best T/Q among untried endpoints of other models."""
-        model_of = {name: fleet.endpoint(name).model for name in times}
+        """E(e): T/Q (geometric), or T + (1 - Q) R(m) with R the best T/Q among untried
+        endpoints of other models (next-model)."""
+        if self.is_geometric:
+            return {name: t / q_of[model_of[name]] for name, t in times.items()}
         best_of: dict[str, float] = {}  # per untried model, its best T/Q
         for name, t in times.items():
             m = model_of[name]
@@ -187,11 +192,8 @@ class TtcaRouter(BaseRouter):
         for name, t in times.items():
             m = model_of[name]
             q = q_of[m]
-            if self.is_geometric:
-                scores[name] = t / q
-            else:
-                alt = next((v for bm, v in ranked if bm != m), t / q)
-                scores[name] = t + (1.0 - q) * alt
+            alt = next((v for bm, v in ranked if bm != m), t / q)
+            scores[name] = t + (1.0 - q) * alt
         return scores
 
     def _probability(self, model: str, request: Request) -> float:
@@ -237,7 +239,7 @@ class TtcaRouter(BaseRouter):
 
     def _time_model(self, endpoint: Endpoint) -> EndpointTimeModel:
         entry = self._models.get(endpoint.name)
-        if entry is None or entry[0] != endpoint:
+        if entry is None or (entry[0] is not endpoint and entry[0] != endpoint):
             try:
                 predictor = endpoint_predictor(endpoint)
             except ValueError as exc:
@@ -271,9 +273,7 @@ class TtcaRouter(BaseRouter):
         is_probe = model.num_pending == 0
         model.add_pending(uncached, cached)
         kv = uncached + cached + request.num_output_tokens / 2.0
-        self._flights[key] = _Flight(
-            model, uncached, cached, kv, prediction, rtt_s, now_s, is_probe
-        )
+        self._flights[key] = Flight(model, uncached, cached, kv, prediction, rtt_s, now_s, is_probe)
 
     def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None:
         flight = self._flights.get((request.request_id, request.attempt))
@@ -313,79 +313,3 @@ class TtcaRouter(BaseRouter):
     @property
     def num_inflight(self) -> int:
         return len(self._flights)
-
-
-class _Flight:
-    """One dispatched attempt: what it owes its endpoint's counters and was predicted."""
-
-    __slots__ = (
-        "cached",
-        "dispatch_s",
-        "first_token_s",
-        "is_probe",
-        "kv_tokens",
-        "model",
-        "prediction",
-        "remaining",
-        "rtt_s",
-        "uncached",
-    )
-
-    def __init__(
-        self,
-        model: EndpointTimeModel,
-        uncached: int,
-        cached: int,
-        kv_tokens: float,
-        prediction: Prediction,
-        rtt_s: float,
-        dispatch_s: float,
-        is_probe: bool,
-    ) -> None:
-        self.model = model
-        self.is_probe = is_probe
-        self.uncached = uncached
-        self.cached = cached
-        self.kv_tokens = kv_tokens
-        self.remaining = kv_tokens - uncached - cached  # half the expected output
-        self.prediction = prediction
-        self.rtt_s = rtt_s
-        self.dispatch_s = dispatch_s
-        self.first_token_s: float | None = None
-
-    def release(self) -> None:
-        """Take this attempt's work off its endpoint's counters."""
-        if self.first_token_s is None:
-            self.model.end_pending(self.uncached, self.cached)
-        else:
-            self.model.end_decoding(self.kv_tokens, self.remaining)
-
-
-def _prefer_meeting(scores: dict[str, float], ttft_s: dict[str, float], deadline_s: float) -> None:
-    """SLO mode: endpoints predicted to miss the TTFT deadline rank after those that meet it."""
-    meeting = [s for n, s in scores.items() if ttft_s[n] <= deadline_s]
-    if not meeting or len(meeting) == len(scores):
-        return
-    floor = max(meeting)
-    for name, score in scores.items():
-        if ttft_s[name] > deadline_s:
-            scores[name] = score + floor
-
-
-def _check_params(
-    default_probability: float | None,
-    min_probability: float,
-    tried_penalty: float,
-    calibration_alpha: float,
-) -> None:
-    """Reject out-of-range parameters (NaN included), naming the bad value."""
-    if not 0.0 < min_probability <= 1.0:
-        raise ValueError(f"min_probability must be in (0, 1], got {min_probability}")
-    if default_probability is not None and not 0.0 < default_probability <= 1.0:
-        raise ValueError(
-            f"default_probability must be in (0, 1] or None, got {default_probability}"
-        )
-    if not (tried_penalty >= 1.0 and math.isfinite(tried_penalty)):
-        raise ValueError(f"tried_penalty must be a finite number >= 1, got {tried_penalty}")
-    if not 0.0 <= calibration_alpha <= 1.0:
-        raise ValueError(f"calibration_alpha must be in [0, 1], got {calibration_alpha}")

@@ -1,0 +1,84 @@
+"""The ttca router's pieces that are not the decision: an attempt in flight, SLO-mode
+ranking and parameter checks (:mod:`longroute.routing.ttca`)."""
+
+from __future__ import annotations
+
+import math
+
+from longroute.estimators.service_time import EndpointTimeModel, Prediction
+
+
+class Flight:
+    """One dispatched attempt: what it owes its endpoint's counters and was predicted."""
+
+    __slots__ = (
+        "cached",
+        "dispatch_s",
+        "first_token_s",
+        "is_probe",
+        "kv_tokens",
+        "model",
+        "prediction",
+        "remaining",
+        "rtt_s",
+        "uncached",
+    )
+
+    def __init__(
+        self,
+        model: EndpointTimeModel,
+        uncached: int,
+        cached: int,
+        kv_tokens: float,
+        prediction: Prediction,
+        rtt_s: float,
+        dispatch_s: float,
+        is_probe: bool,
+    ) -> None:
+        self.model = model
+        self.is_probe = is_probe
+        self.uncached = uncached
+        self.cached = cached
+        self.kv_tokens = kv_tokens
+        self.remaining = kv_tokens - uncached - cached  # half the expected output
+        self.prediction = prediction
+        self.rtt_s = rtt_s
+        self.dispatch_s = dispatch_s
+        self.first_token_s: float | None = None
+
+    def release(self) -> None:
+        """Take this attempt's work off its endpoint's counters."""
+        if self.first_token_s is None:
+            self.model.end_pending(self.uncached, self.cached)
+        else:
+            self.model.end_decoding(self.kv_tokens, self.remaining)
+
+
+def prefer_meeting(scores: dict[str, float], ttft_s: dict[str, float], deadline_s: float) -> None:
+    """SLO mode: endpoints predicted to miss the TTFT deadline rank after those that meet it."""
+    meeting = [s for n, s in scores.items() if ttft_s[n] <= deadline_s]
+    if not meeting or len(meeting) == len(scores):
+        return
+    floor = max(meeting)
+    for name, score in scores.items():
+        if ttft_s[name] > deadline_s:
+            scores[name] = score + floor
+
+
+def check_params(
+    default_probability: float | None,
+    min_probability: float,
+    tried_penalty: float,
+    calibration_alpha: float,
+) -> None:
+    """Reject out-of-range parameters (NaN included), naming the bad value."""
+    if not 0.0 < min_probability <= 1.0:
+        raise ValueError(f"min_probability must be in (0, 1], got {min_probability}")
+    if default_probability is not None and not 0.0 < default_probability <= 1.0:
+        raise ValueError(
+            f"default_probability must be in (0, 1] or None, got {default_probability}"
+        )
+    if not (tried_penalty >= 1.0 and math.isfinite(tried_penalty)):
+        raise ValueError(f"tried_penalty must be a finite number >= 1, got {tried_penalty}")
+    if not 0.0 <= calibration_alpha <= 1.0:
+        raise ValueError(f"calibration_alpha must be in [0, 1], got {calibration_alpha}")
