@@ -33,6 +33,7 @@ BUILTIN = [
     "oracle-stjf",
     "oracle-sjf",
     "chimera",
+    "ttca",
 ]
 # routers that cannot work without parameters, and what the contract tests give them
 REQUIRED_PARAMS: dict[str, dict[str, object]] = {
@@ -97,7 +98,8 @@ def test_importing_routing_registers_all_builtins() -> None:
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_routers_pick_only_healthy_candidates_and_score_each(name: str) -> None:
-    fleet = make_fleet(["e0", "e1", "e2", "e3"])
+    # ttca times endpoints from their model profile: it needs a real one
+    fleet = make_fleet(["e0", "e1", "e2", "e3"], model="llama-3-8b" if name == "ttca" else "m")
     fleet.set_health("e1", False)
     router = ROUTERS.build(name, REQUIRED_PARAMS.get(name), rng=random.Random(1))
     assert router.name == name
