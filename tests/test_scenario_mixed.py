@@ -63,7 +63,7 @@ def test_mixed_scenario_is_the_case_no_seed_covers() -> None:
     assert config.capability is not None and config.capability.fit_workload is not None
     assert config.capability.fit_workload.params["split"] == "fit"
     assert config.clients.kind == "open" and config.clients.arrival == "poisson"
-    assert config.routers is not None and config.routers[:2] == ["laar", "gorgo"]
+    assert config.routers is not None and config.routers[:3] == ["ttca", "laar", "gorgo"]
     assert "round-robin" in config.routers
     assert set(resolve_routers(config)) == set(config.routers)
     assert "ours" in config.description
