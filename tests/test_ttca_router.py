@@ -290,6 +290,7 @@ def test_a_network_dominated_first_token_does_not_teach_the_engine_correction() 
         ({"calibration_alpha": 2.0}, "calibration_alpha"),
         ({"externality_weight": -1.0}, "externality_weight"),
         ({"retry_pricing": "nope"}, "retry_pricing"),
+        ({"slo_mode": "false"}, "slo_mode"),
         ({"max_tries_per_model": 0}, "max_tries_per_model"),
     ],
 )

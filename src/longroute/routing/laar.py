@@ -150,18 +150,14 @@ class LaarRouter(BaseRouter):
 
     def _probability(self, model: str, request: Request) -> float:
         """Q(m, x) floored at ``min_probability``; unknown models per ``default_probability``."""
-        q = self.capability.probability(
-            model, request.language, request.num_prompt_tokens, request.task
+        return success_probability(
+            self.capability,
+            model,
+            request,
+            self.default_probability,
+            self.min_probability,
+            router=self.name,
         )
-        if q is None:
-            if self.default_probability is None:
-                raise ValueError(
-                    f"laar: the capability model knows nothing of model {model!r} "
-                    f"(it knows: {', '.join(self.capability.models) or 'none'}); fit it on "
-                    f"outcomes of {model!r} or set default_probability"
-                )
-            q = self.default_probability
-        return q if q >= self.min_probability else self.min_probability
 
     def _check_not_exhausted(self, request: Request, q_of: dict[str, float]) -> None:
         """Raise if every candidate model was tried ``max_tries_per_model`` times."""
@@ -183,16 +179,7 @@ class LaarRouter(BaseRouter):
         floor: float,
         tried: Sequence[str],
     ) -> None:
-        """Move tried endpoints above every untried one, keeping their order by cost.
-
-        Each earlier wrong answer of the model multiplies the penalty again, so
-        a model tried twice ranks after one tried once unless far cheaper.
-        """
-        penalty = self.tried_penalty
-        for name, model in tried_names:
-            score = scores[name] * penalty ** tried.count(model) + floor
-            # a cost far below the floor's precision would tie with it: step past it
-            scores[name] = score if score > floor else math.nextafter(floor, math.inf)
+        penalise_tried(scores, tried_names, floor, tried, self.tried_penalty)
 
     def _decision(
         self,
@@ -275,3 +262,45 @@ def _checked_rates(rates: Mapping[str, float]) -> dict[str, float]:
             raise ValueError(f"seconds_per_token[{model!r}] must be > 0 and finite, got {rate}")
         checked[str(model)] = float(rate)
     return checked
+
+
+def success_probability(
+    capability: SuccessModel,
+    model: str,
+    request: Request,
+    default_probability: float | None,
+    min_probability: float,
+    *,
+    router: str,
+) -> float:
+    """Q(m, x) floored at ``min_probability``; a model the capability model does not know
+    gets ``default_probability``, or an error naming it and the known models."""
+    q = capability.probability(model, request.language, request.num_prompt_tokens, request.task)
+    if q is None:
+        if default_probability is None:
+            raise ValueError(
+                f"{router}: the capability model knows nothing of model {model!r} "
+                f"(it knows: {', '.join(capability.models) or 'none'}); fit it on "
+                f"outcomes of {model!r} or set default_probability"
+            )
+        q = default_probability
+    return q if q >= min_probability else min_probability
+
+
+def penalise_tried(
+    scores: dict[str, float],
+    tried_names: Sequence[tuple[str, str]],
+    floor: float,
+    tried: Sequence[str],
+    penalty: float,
+) -> None:
+    """Move tried endpoints ``(name, model)`` above every untried one (``floor``: the
+    largest untried score), keeping their order by score.
+
+    Each earlier wrong answer of the model multiplies the penalty again, so a model
+    tried twice ranks after one tried once unless far cheaper.
+    """
+    for name, model in tried_names:
+        score = scores[name] * penalty ** tried.count(model) + floor
+        # a cost far below the floor's precision would tie with it: step past it
+        scores[name] = score if score > floor else math.nextafter(floor, math.inf)

@@ -42,7 +42,7 @@ from longroute.estimators.parallel import endpoint_predictor
 from longroute.estimators.service_time import Calibration, EndpointTimeModel, Prediction
 from longroute.routing.base import ROUTERS, BaseRouter, pick_min
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
-from longroute.routing.laar import SuccessModel
+from longroute.routing.laar import SuccessModel, penalise_tried, success_probability
 from longroute.routing.ttca_support import Flight, check_params, prefer_meeting
 from longroute.types import Endpoint, Request, RouteDecision
 
@@ -107,7 +107,9 @@ class TtcaRouter(BaseRouter):
             )
         self.retry_pricing = retry_pricing
         self.is_geometric = retry_pricing == "geometric"
-        self.slo_mode = bool(slo_mode)
+        if not isinstance(slo_mode, bool):  # a quoted "false" in YAML would be truthy
+            raise ValueError(f"slo_mode must be true or false, got {slo_mode!r}")
+        self.slo_mode = slo_mode
         self._models: dict[str, tuple[Endpoint, EndpointTimeModel]] = {}
         # the last route() call: its key, matched blocks and per-endpoint predictions
         self._last_key: tuple[str, int] | None = None
@@ -147,7 +149,7 @@ class TtcaRouter(BaseRouter):
         self._last = last
         scores = self._expected(times, q_of, model_of, tried)
         if tried:
-            self._penalise(scores, fleet, request, q_of)
+            self._penalise(scores, model_of, request, q_of)
         if self.slo_mode and request.slo is not None and request.slo.ttft_s is not None:
             deadline_s = request.arrival_s + request.slo.ttft_s - now_s
             prefer_meeting(
@@ -155,7 +157,7 @@ class TtcaRouter(BaseRouter):
             )
         chosen = pick_min(scores)
         uncached, cached, p, rtt_s = last[chosen]
-        model_name = fleet.endpoint(chosen).model
+        model_name = model_of[chosen]
         return RouteDecision(
             endpoint=chosen,
             scores=scores,
@@ -200,25 +202,25 @@ class TtcaRouter(BaseRouter):
         """Q(m, x) floored at ``min_probability``; 1 without a capability model."""
         if self.capability is None:
             return 1.0
-        q = self.capability.probability(
-            model, request.language, request.num_prompt_tokens, request.task
+        return success_probability(
+            self.capability,
+            model,
+            request,
+            self.default_probability,
+            self.min_probability,
+            router=self.name,
         )
-        if q is None:
-            if self.default_probability is None:
-                raise ValueError(
-                    f"ttca: the capability model knows nothing of model {model!r} "
-                    f"(it knows: {', '.join(self.capability.models) or 'none'}); fit it on "
-                    f"outcomes of {model!r} or set default_probability"
-                )
-            q = self.default_probability
-        return q if q >= self.min_probability else self.min_probability
 
     def _penalise(
-        self, scores: dict[str, float], fleet: FleetView, request: Request, q_of: dict[str, float]
+        self,
+        scores: dict[str, float],
+        model_of: dict[str, str],
+        request: Request,
+        q_of: dict[str, float],
     ) -> None:
         """Rank tried models after untried ones (as LAAR), or stop when all were tried."""
         tried = request.tried_models
-        tried_names = [n for n in scores if fleet.endpoint(n).model in tried]
+        tried_names = [(n, model_of[n]) for n in scores if model_of[n] in tried]
         if not tried_names:
             return
         limit = self.max_tries_per_model
@@ -231,11 +233,8 @@ class TtcaRouter(BaseRouter):
                 f"ttca: every candidate model already answered request "
                 f"{request.request_id!r} wrongly (tried: {', '.join(tried)})"
             )
-        floor = max((s for n, s in scores.items() if n not in tried_names), default=0.0)
-        for name in tried_names:
-            count = tried.count(fleet.endpoint(name).model)
-            score = scores[name] * self.tried_penalty**count + floor
-            scores[name] = score if score > floor else math.nextafter(floor, math.inf)
+        floor = max((s for n, s in scores.items() if model_of[n] not in tried), default=0.0)
+        penalise_tried(scores, tried_names, floor, tried, self.tried_penalty)
 
     def _time_model(self, endpoint: Endpoint) -> EndpointTimeModel:
         entry = self._models.get(endpoint.name)
@@ -261,12 +260,12 @@ class TtcaRouter(BaseRouter):
         if entry is None:  # dispatched without a route() for it: count it all as uncached
             entry = (request.num_prompt_tokens, 0, Prediction(0.0, 0.0, 0.0, 0.0), 0.0)
         uncached, cached, prediction, rtt_s = entry
-        model_entry = self._models.get(endpoint)
-        if model_entry is None:
-            return
         previous = self._flights.pop(key, None)
         if previous is not None:  # re-sent before completing (gateway failover)
             previous.release()
+        model_entry = self._models.get(endpoint)
+        if model_entry is None:  # never priced: nothing to count it against
+            return
         model = model_entry[1]
         # with prefills queued ahead, a first token measures the queue model as much as
         # the profile: only one that found no prompt ahead of it teaches the correction
