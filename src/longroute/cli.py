@@ -249,6 +249,7 @@ def _register_commands() -> None:
     from longroute.bench.cli import bench_command
     from longroute.demo.cli import demo_command
     from longroute.emulator.cli import emulate_command
+    from longroute.epp.cli import epp_command
     from longroute.fit_cli import fit_app
     from longroute.gateway.cli import serve_command
     from longroute.sweep.cli import sweep_command
@@ -260,6 +261,7 @@ def _register_commands() -> None:
     app.command("demo")(demo_command)
     app.command("tune")(tune_command)
     app.command("sweep")(sweep_command)
+    app.command("epp")(epp_command)
     app.add_typer(fit_app, name="fit")
 
 
