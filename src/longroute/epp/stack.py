@@ -39,8 +39,10 @@ def grpc_port(child: Child) -> int:
 
 @dataclass(slots=True)
 class EppStack:
-    """A started stack: ``envoy.url`` is where clients send requests."""
+    """A started stack: ``envoy.url`` is where clients send requests; ``launcher`` owns the
+    emulators and the picker (e.g. to kill one in a test)."""
 
+    launcher: Launcher
     emulators: tuple[Child, ...]
     epp: Child
     epp_port: int
@@ -102,4 +104,4 @@ def start_epp_stack(
         concurrency=envoy_concurrency,
     )
     envoy.start()
-    return EppStack(emulators, epp, port, envoy, replicas)
+    return EppStack(launcher, emulators, epp, port, envoy, replicas)
