@@ -103,6 +103,15 @@ def test_the_fit_keeps_the_table_s_ranking_where_it_is_clear(fitted: CapabilityM
     assert short > 0.85 and long < 0.3 < mini_long
 
 
+def test_the_model_names_the_tasks_its_fit_saw(fitted: CapabilityModel) -> None:
+    assert fitted.tasks == frozenset({TASK})
+    untasked = [
+        Outcome(o.model, o.language, o.num_prompt_tokens, None, o.is_correct)
+        for o in _draw(load_accuracy_table("laar-default"), 2, seed=3)
+    ]
+    assert fit_capability(untasked).tasks == frozenset()
+
+
 def test_unknown_model_gives_none(fitted: CapabilityModel) -> None:
     assert fitted.probability("gpt-9", Language.LATIN, 4000, TASK) is None
 

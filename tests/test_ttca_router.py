@@ -46,6 +46,7 @@ def req(
     tried: Sequence[str] = (),
     slo: SLO | None = None,
     arrival_s: float = 0.0,
+    task: str | None = "kv-lookup",
 ) -> Request:
     return Request(
         request_id=request_id,
@@ -55,7 +56,7 @@ def req(
         block_hashes=tuple(hashes),
         block_size_tokens=BLOCK,
         language=Language.LATIN,
-        task="kv-lookup",
+        task=task,
         tried_models=tuple(tried),
         slo=slo,
     )
@@ -83,7 +84,10 @@ def test_a_far_region_loses_to_a_near_one_when_caches_are_equal() -> None:
     fleet = FleetView([ep("far"), ep("near")], rtt_ms={"far": 150.0, "near": 2.0})
     decision = TtcaRouter().route(req(prompt=2048), fleet, 0.0)
     assert decision.endpoint == "near"
-    assert decision.scores["far"] - decision.scores["near"] == pytest.approx(0.148, rel=0.01)
+    # the 148 ms delay the first token: priced once in the answer, twice more on its own
+    assert decision.scores["far"] - decision.scores["near"] == pytest.approx(3 * 0.148, rel=0.01)
+    plain = TtcaRouter(ttft_weight=0.0).route(req(prompt=2048), fleet, 0.0)
+    assert plain.scores["far"] - plain.scores["near"] == pytest.approx(0.148, rel=0.01)
 
 
 def test_a_cached_far_replica_wins_when_the_prefill_saved_exceeds_the_rtt() -> None:
@@ -162,6 +166,28 @@ def test_a_more_accurate_slower_model_wins_where_the_fast_one_fails() -> None:
     easy = TtcaRouter(capability=FakeCapability({"phi-3-mini": 0.95, "phi-3-medium": 0.95}))
     assert hard.route(req(prompt=8192), fleet, 0.0).endpoint == "slow"
     assert easy.route(req(prompt=8192), fleet, 0.0).endpoint == "fast"
+
+
+@dataclass
+class TaskCapability(FakeCapability):
+    fitted: frozenset[str] = frozenset({"kv-lookup"})
+
+    @property
+    def tasks(self) -> frozenset[str]:
+        return self.fitted
+
+
+def test_accuracy_is_priced_only_for_the_tasks_the_capability_model_was_fitted_on() -> None:
+    fleet = FleetView([ep("fast", model="phi-3-mini"), ep("slow", model="phi-3-medium")])
+    capability = TaskCapability({"phi-3-mini": 0.1, "phi-3-medium": 0.95})
+    router = TtcaRouter(capability=capability)
+    assert router.route(req(prompt=8192), fleet, 0.0).endpoint == "slow"
+    # a chat turn, or a task the fit never saw: the fit says nothing of it, so Q = 1
+    for task in (None, "summarise"):
+        decision = router.route(req(prompt=8192, task=task), fleet, 0.0)
+        assert decision.endpoint == "fast" and "Q=1.000" in decision.reason
+    everything = TtcaRouter(capability=capability, price_other_tasks=True)
+    assert everything.route(req(prompt=8192, task=None), fleet, 0.0).endpoint == "slow"
 
 
 def test_the_expected_time_prices_a_failure_as_the_best_other_models_answer() -> None:
@@ -289,6 +315,8 @@ def test_a_network_dominated_first_token_does_not_teach_the_engine_correction() 
         ({"tried_penalty": math.nan}, "tried_penalty"),
         ({"calibration_alpha": 2.0}, "calibration_alpha"),
         ({"externality_weight": -1.0}, "externality_weight"),
+        ({"ttft_weight": math.inf}, "ttft_weight"),
+        ({"price_other_tasks": "no"}, "price_other_tasks"),
         ({"retry_pricing": "nope"}, "retry_pricing"),
         ({"slo_mode": "false"}, "slo_mode"),
         ({"max_tries_per_model": 0}, "max_tries_per_model"),

@@ -88,6 +88,11 @@ class CapabilityModel:
     def models(self) -> tuple[str, ...]:
         return tuple(self.coefficients)
 
+    @property
+    def tasks(self) -> frozenset[str]:
+        """The tasks the fit saw (a task coefficient of any model); empty if it saw none."""
+        return frozenset(t for c in self.coefficients.values() for t in c.task)
+
     def probability(
         self, model: str, language: Language | None, num_prompt_tokens: int, task: str | None
     ) -> float | None:

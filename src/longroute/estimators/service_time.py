@@ -147,24 +147,25 @@ class EndpointTimeModel:
         context = self.decode_context_tokens
         if decodes > self.num_decoding and self.num_decoding > 0:
             context *= decodes / self.num_decoding  # others' sequences: our mean length
+        own_pairs = float(uncached * cached) + uncached * (uncached + 1) / 2.0  # causal
         work = self.pending_tokens + uncached
-        pairs = self.pending_pairs + causal_attention_pairs(uncached, cached)
+        pairs = self.pending_pairs + own_pairs
         ctx = self.pending_context_tokens + cached
         chunk = self.budget_tokens - decodes
         if chunk < 1:
             chunk = 1
-        predictor = self.predictor
+        iteration_s = self.predictor.iteration_time_s
+        n = 0
         if work > 0:
-            n = math.ceil(work / chunk)
-            prefill_s = n * predictor.iteration_time_s(
-                -(-work // n), pairs / n, int(ctx / n), decodes, int(context)
-            )
+            n = -(-work // chunk)
+            one_s = iteration_s(-(-work // n), pairs / n, int(ctx / n), decodes, int(context))
+            prefill_s = n * one_s
         else:  # fully cached: one iteration computes the first token
-            prefill_s = predictor.iteration_time_s(0, 0.0, cached, decodes + 1, int(context))
+            one_s = prefill_s = iteration_s(0, 0.0, cached, decodes + 1, int(context))
         batch = decodes + self.num_pending + 1
         own_kv = uncached + cached + num_output_tokens / 2.0
         others_kv = context + self.pending_context_tokens + self.pending_tokens
-        step_s = predictor.iteration_time_s(0, 0.0, 0, batch, int(others_kv + own_kv))
+        step_s = iteration_s(0, 0.0, 0, batch, int(others_kv + own_kv))
         # today's batch drains within about its mean remaining output; the tokens after
         # that are decoded beside the requests now waiting for a first token only
         # (later arrivals are spread by routing): a long answer is not priced at the
@@ -177,7 +178,7 @@ class EndpointTimeModel:
         far = num_output_tokens - near
         mean_step_s = step_s
         if far > 0.0:
-            lone_s = predictor.iteration_time_s(
+            lone_s = iteration_s(
                 0, 0.0, 0, self.num_pending + 1, int(self.pending_context_tokens + own_kv)
             )
             mean_step_s = (near * step_s + far * lone_s) / num_output_tokens
@@ -185,9 +186,14 @@ class EndpointTimeModel:
         if decodes > 0:
             base_s, fewer_s = self._decode_only_s(decodes, context, batch, others_kv)
             # each running decode waits for this prompt's chunks beside it ...
-            externality_s = decodes * self._chunks_beside_s(
-                uncached, cached, chunk, base_s, decodes, int(context)
-            )
+            if uncached > 0:
+                if self.num_pending == 0:  # its chunks are the prefill's iterations above
+                    beside_s = n * (one_s - base_s)
+                else:
+                    beside_s = self._chunks_beside_s(
+                        uncached, own_pairs, cached, chunk, base_s, decodes, int(context)
+                    )
+                externality_s = decodes * beside_s
             # ... and then steps beside one more sequence while they share the batch
             externality_s += (batch - 1) * (step_s - fewer_s) * near
         return Prediction(
@@ -214,14 +220,19 @@ class EndpointTimeModel:
         return base_s, fewer_s
 
     def _chunks_beside_s(
-        self, uncached: int, cached: int, chunk: int, base_s: float, decodes: int, context: int
+        self,
+        uncached: int,
+        pairs: float,
+        cached: int,
+        chunk: int,
+        base_s: float,
+        decodes: int,
+        context: int,
     ) -> float:
-        """Extra seconds the iterations carrying this prompt's chunks take over decode-only
-        ones (what each running decode waits for it)."""
-        if uncached <= 0:
-            return 0.0
-        n = math.ceil(uncached / chunk)
-        pairs = causal_attention_pairs(uncached, cached)
+        """Extra seconds the iterations carrying this prompt's chunks (``uncached`` > 0
+        tokens, ``pairs`` attention pairs) take over decode-only ones (what each running
+        decode waits for it)."""
+        n = -(-uncached // chunk)
         with_chunk_s = self.predictor.iteration_time_s(
             -(-uncached // n), pairs / n, int(cached / n), decodes, context
         )

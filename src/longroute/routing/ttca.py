@@ -2,7 +2,7 @@
 
 For a request x and each candidate endpoint e serving model m::
 
-    T(e)  = rtt(e) + ttft_engine(e) + (out - 1) * tpot(e)
+    T(e)  = (1 + w) * (rtt(e) + ttft_engine(e)) + (out - 1) * tpot(e) + x * ext(e)
     Q(e)  = Q(m, x)                                  (capability model; 1 without one)
     E(e)  = T(e) / Q(e)                              (retry_pricing "geometric", default)
     E(e)  = T(e) + (1 - Q(e)) * R(m)                 (retry_pricing "next-model")
@@ -15,7 +15,18 @@ request's uncached tokens at e (prefix index) with the running decodes beside it
 and ``tpot`` the decode step at e's batch once it is admitted, both from e's
 runtime predictor and learned corrections (:mod:`longroute.estimators.service_time`).
 ``out`` is the request's expected output length (the simulator's true length; the
-gateway's ``max_tokens``).
+gateway's ``max_tokens``). ``ext`` is the externality: what the request's prefill
+chunks and batch slot add to the other requests at e, weighted by ``x``
+(``externality_weight``, 1). ``w`` (``ttft_weight``, 2) weighs the wait for the first
+token above a second of decode: a streaming user sits idle before it and reads after
+it. With w = 0 the router minimises the answer's expected completion alone and gives
+up TTFT p95 for E2E p95 (on ``gorgo`` 1.11x GORGO's TTFT p95 at 0.98x its E2E p95);
+w = 2 was chosen on seeds 1-3, never the evaluation seeds (docs/ttca.md).
+
+Q applies to the tasks the capability model was fitted on: a request of another task
+(or of none, such as a chat turn) is priced at Q = 1 unless ``price_other_tasks``, as
+the fit says nothing of it. Before this rule, on ``mixed`` the router sent chat turns
+to the models best at KV lookups.
 
 ``T / Q`` (LAAR's) prices a failure as a retry on the same endpoint, a geometric
 series. ``"next-model"`` is what deterministic decoding suggests instead: the same model
@@ -80,12 +91,22 @@ class TtcaRouter(BaseRouter):
         externality_weight: float = 1.0,
         retry_pricing: str = "geometric",
         slo_mode: bool = False,
+        price_other_tasks: bool = False,
+        ttft_weight: float = 2.0,
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(rng=rng)
-        check_params(default_probability, min_probability, tried_penalty, calibration_alpha)
-        if max_tries_per_model is not None and max_tries_per_model < 1:
-            raise ValueError(f"max_tries_per_model must be >= 1 or None, got {max_tries_per_model}")
+        check_params(
+            default_probability=default_probability,
+            min_probability=min_probability,
+            tried_penalty=tried_penalty,
+            max_tries_per_model=max_tries_per_model,
+            calibration_alpha=calibration_alpha,
+            weights={"externality_weight": externality_weight, "ttft_weight": ttft_weight},
+            retry_pricing=retry_pricing,
+            retry_pricings=RETRY_PRICINGS,
+            flags={"slo_mode": slo_mode, "price_other_tasks": price_other_tasks},
+        )
         if isinstance(capability, str | Path):
             from longroute.estimators.capability import load_capability
 
@@ -96,20 +117,13 @@ class TtcaRouter(BaseRouter):
         self.tried_penalty = float(tried_penalty)
         self.max_tries_per_model = max_tries_per_model
         self.calibration_alpha = float(calibration_alpha)
-        if not (externality_weight >= 0.0 and math.isfinite(externality_weight)):
-            raise ValueError(
-                f"externality_weight must be a finite number >= 0, got {externality_weight}"
-            )
         self.externality_weight = float(externality_weight)
-        if retry_pricing not in RETRY_PRICINGS:
-            raise ValueError(
-                f"ttca: unknown retry_pricing {retry_pricing!r}; valid: {', '.join(RETRY_PRICINGS)}"
-            )
+        self.ttft_weight = float(ttft_weight)
         self.retry_pricing = retry_pricing
         self.is_geometric = retry_pricing == "geometric"
-        if not isinstance(slo_mode, bool):  # a quoted "false" in YAML would be truthy
-            raise ValueError(f"slo_mode must be true or false, got {slo_mode!r}")
         self.slo_mode = slo_mode
+        self.price_other_tasks = price_other_tasks
+        self._tasks: frozenset[str] = frozenset(getattr(capability, "tasks", ()))
         self._models: dict[str, tuple[Endpoint, EndpointTimeModel]] = {}
         # the last route() call: its key, matched blocks and per-endpoint predictions
         self._last_key: tuple[str, int] | None = None
@@ -140,7 +154,11 @@ class TtcaRouter(BaseRouter):
             p = model.predict(uncached, cached, out, state.engine_num_running)
             rtt_s = state.rtt_ms / 1000.0
             ttft_s = rtt_s + p.ttft_engine_s
-            times[name] = ttft_s + (out - 1) * p.tpot_s + self.externality_weight * p.externality_s
+            times[name] = (
+                (1.0 + self.ttft_weight) * ttft_s
+                + (out - 1) * p.tpot_s
+                + self.externality_weight * p.externality_s
+            )
             last[name] = (uncached, cached, p, rtt_s)
             model_of[name] = endpoint.model
             if endpoint.model not in q_of:
@@ -199,8 +217,12 @@ class TtcaRouter(BaseRouter):
         return scores
 
     def _probability(self, model: str, request: Request) -> float:
-        """Q(m, x) floored at ``min_probability``; 1 without a capability model."""
+        """Q(m, x) floored at ``min_probability``; 1 without a capability model, and 1
+        for a request of a task the capability model was not fitted on (None included)
+        unless ``price_other_tasks``."""
         if self.capability is None:
+            return 1.0
+        if self._tasks and request.task not in self._tasks and not self.price_other_tasks:
             return 1.0
         return success_probability(
             self.capability,

@@ -66,12 +66,19 @@ def prefer_meeting(scores: dict[str, float], ttft_s: dict[str, float], deadline_
 
 
 def check_params(
+    *,
     default_probability: float | None,
     min_probability: float,
     tried_penalty: float,
+    max_tries_per_model: int | None,
     calibration_alpha: float,
+    weights: dict[str, float],
+    retry_pricing: str,
+    retry_pricings: tuple[str, ...],
+    flags: dict[str, object],
 ) -> None:
-    """Reject out-of-range parameters (NaN included), naming the bad value."""
+    """Reject out-of-range parameters (NaN included), naming the bad value. ``weights``
+    must be finite and >= 0; ``flags`` booleans (a quoted "false" in YAML is truthy)."""
     if not 0.0 < min_probability <= 1.0:
         raise ValueError(f"min_probability must be in (0, 1], got {min_probability}")
     if default_probability is not None and not 0.0 < default_probability <= 1.0:
@@ -80,5 +87,17 @@ def check_params(
         )
     if not (tried_penalty >= 1.0 and math.isfinite(tried_penalty)):
         raise ValueError(f"tried_penalty must be a finite number >= 1, got {tried_penalty}")
+    if max_tries_per_model is not None and max_tries_per_model < 1:
+        raise ValueError(f"max_tries_per_model must be >= 1 or None, got {max_tries_per_model}")
     if not 0.0 <= calibration_alpha <= 1.0:
         raise ValueError(f"calibration_alpha must be in [0, 1], got {calibration_alpha}")
+    for name, value in weights.items():
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    if retry_pricing not in retry_pricings:
+        raise ValueError(
+            f"ttca: unknown retry_pricing {retry_pricing!r}; valid: {', '.join(retry_pricings)}"
+        )
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be true or false, got {flag!r}")
