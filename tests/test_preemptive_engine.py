@@ -81,8 +81,11 @@ def test_slack_policies_let_short_requests_through_and_finish_the_long_one(polic
         # of its budget, which the short one fills in the same iterations
         assert ttft[short] < 0.2
         assert ttft[short] * 10 < fcfs_ttft[short]
-    # the long prefill paid for the pauses, but not by much: two short prefills
-    assert ttft[LONG_TOKENS] < 1.5 * fcfs_ttft[LONG_TOKENS]
+    # the long prefill paid for the pauses, but not by much: two short prefills, and its
+    # time-budget chunks (a few hundred tokens deep in the context) run below the knee of
+    # the measured linear-layer efficiency and pay the layers' kernel floors each
+    # iteration (1.52x with the calibrated predictor, 1.4x under the old hard roofline)
+    assert ttft[LONG_TOKENS] < 1.6 * fcfs_ttft[LONG_TOKENS]
     engine = sim.engines["e0"]
     assert engine.num_running == 0 and len(engine.queue) == 0  # counters back to zero
     assert engine.kv.usage() == 0.0 and engine.kv.num_private_tokens == 0  # KV all released

@@ -70,7 +70,11 @@ def test_adaptive_chunks_shrink_as_the_context_grows(predictor: RuntimePredictor
             pairs = causal_attention_pairs(q, context)
             return predictor.iteration_time_s(q, pairs, context, 0, 0)
 
-        assert time_s(chunk) <= 0.02 < time_s(chunk + 1)  # the largest that fits
+        # the largest that fits, or the floor when none does: at 1M tokens of context a
+        # TP8 A100 step's fixed part (measured all-reduce latencies, kernel floors) and the
+        # attention of the floor's 32 tokens already exceed 20 ms
+        assert time_s(chunk) <= 0.02 or chunk == rule.min_chunk_tokens
+        assert time_s(chunk + 1) > 0.02
         for hint in (1, chunk - 1, chunk + 1, 10 * chunk):  # a hint only speeds it up
             assert rule.next_chunk_tokens(predictor, context, hint) == chunk
 

@@ -88,7 +88,9 @@ def test_datasheet_numbers_of_the_brief() -> None:
 def test_unknown_names_list_the_valid_ones() -> None:
     with pytest.raises(ProfileError, match=r"'llama-4'.*valid: .*llama-3-8b"):
         load_model_profile("llama-4")
-    with pytest.raises(ProfileError, match=r"'b200'.*valid: a100-80g, a40, a6000, h100, h200, l40s"):
+    with pytest.raises(
+        ProfileError, match=r"'b200'.*valid: a100-80g, a40, a6000, h100, h200, l40s"
+    ):
         load_hardware_profile("b200")
     with pytest.raises(ValueError):  # ProfileError is a ValueError
         load_model_profile("")

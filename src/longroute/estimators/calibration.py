@@ -199,6 +199,20 @@ class GpuCalibration:
         if len(set(counts)) != len(counts) or any(n < 2 for n in counts):
             raise ValueError(f"allreduce worker counts must be distinct and >= 2, got {counts}")
 
+    def slowed(self, factor: float) -> GpuCalibration:
+        """This calibration on a GPU ``factor`` times slower: floors and latencies
+        times ``factor``, bandwidths over it (efficiencies are kept)."""
+        linear = dataclasses.replace(
+            self.linear,
+            gemm_fixed_s=self.linear.gemm_fixed_s * factor,
+            elementwise_fixed_s=self.linear.elementwise_fixed_s * factor,
+        )
+        fits = tuple(
+            AllReduceFit(f.num_workers, f.latency_s * factor, f.bytes_per_s / factor, f.topology)
+            for f in self.allreduce
+        )
+        return dataclasses.replace(self, linear=linear, allreduce=fits)
+
     def allreduce_fit(self, num_workers: int) -> AllReduceFit | None:
         """The all-reduce model for ``num_workers`` GPUs: measured, or the ring model
         scaled from the nearest measured count; ``None`` without measurements."""
@@ -214,9 +228,10 @@ class GpuCalibration:
 
 def smooth_max(a: float, b: float, k: float) -> float:
     """(a^k + b^k)^(1/k): between max(a, b) and a + b; inf gives max(a, b)."""
-    if math.isinf(k):
-        return a if a > b else b
-    return float((a**k + b**k) ** (1.0 / k))
+    hi, lo = (a, b) if a > b else (b, a)
+    if math.isinf(k) or hi == 0.0:
+        return hi
+    return hi * float((1.0 + (lo / hi) ** k) ** (1.0 / k))
 
 
 # ------------------------------------------------------------------------ files

@@ -11,13 +11,16 @@ stage 2; m = min(decodes, p) for pure decode, one micro-batch per decode at most
 and every micro-batch crosses all p stages once per round, so a decode gets one
 token per round (TPOT = round time). Summed over the p ticks of a round::
 
-    round = overhead + 2L all-reduce latencies + max(C / m, W + KV / m)
+    round = overhead + 2L all-reduce latencies + linear(N / m) + max(A, KV) / m
           + N * tp_comm / m + (p - 1) * (hop_fixed + (N / m) * hop_per_token)
 
-with C, W, KV, tp_comm the TP predictor's compute, weight-read, KV-traffic and
-all-reduce terms for the whole batch of N new tokens. Compute and KV traffic are
-spread over the stages, but each stage reads its 1/p of the weights once per
-micro-batch, p times a round: the weight time per round equals TP alone, so decode
+with linear, A, KV, tp_comm the TP predictor's linear-layer time (of N / m tokens,
+whole model), attention compute, KV-traffic and all-reduce terms for the whole
+batch of N new tokens. Attention and KV traffic are spread over the stages; each
+tick a stage runs its 1/p of the layers on one micro-batch, so the p ticks of a
+round add up to the whole model's linear time for N / m tokens, and each stage
+reads its 1/p of the weights once per micro-batch, p times a round: the weight
+time per round equals TP alone, so decode
 gains nothing from SPP and pays the hops (Medha Fig. 18: +16% at SPP-8 with TP8),
 while a long prefill runs ~p times faster (Fig. 5b, 17). A hop is a stage boundary:
 ``hop_fixed`` = ``pipeline_stage_overhead_s`` + ``inter_node_latency_s``, and the
@@ -160,17 +163,11 @@ class ParallelPredictor(RuntimePredictor):
             raise ValueError("an iteration needs at least one prefill token or decode")
         p = self.spp_degree
         m = p if num_prefill_tokens > 0 or num_decodes >= p else num_decodes
-        compute_s = (
-            num_new * self._linear_s_per_token
-            + (prefill_attention_pairs + decode_context_tokens) * self._attention_s_per_pair
-        ) / m
-        memory_s = (
-            self._shared_weight_s
-            + self._expert_weight_s * (1.0 - self._expert_miss**num_new)
-            + (prefill_context_tokens + decode_context_tokens + num_new) * self._kv_s_per_token / m
-        )
-        busy_s = compute_s if compute_s > memory_s else memory_s
-        round_s = self._fixed_s + num_new * self._comm_s_per_token / m + busy_s
+        attention_s = (prefill_attention_pairs + decode_context_tokens) * self._attention_s_per_pair
+        kv_s = (prefill_context_tokens + decode_context_tokens + num_new) * self._kv_s_per_token
+        busy_s = (attention_s if attention_s > kv_s else kv_s) / m
+        linear_s = self._linear_s(num_new) if m == 1 else self.linear_time_s(num_new / m)
+        round_s = self._fixed_s + num_new * self._comm_s_per_token / m + linear_s + busy_s
         if self._num_hops:
             round_s += self._num_hops * (self._hop_fixed_s + num_new / m * self._hop_s_per_token)
         if num_merged_tokens > 0:
@@ -219,12 +216,10 @@ class ParallelPredictor(RuntimePredictor):
             return sum(step(0, 0.0, 0, b, c0 + i * b) for i in range(num_steps))
         p = self.spp_degree
         m = b if b < p else p
-        a_c = (b * self._linear_s_per_token + c0 * self._attention_s_per_pair) / m
-        b_c = b * self._attention_s_per_pair / m
-        weights_s = self._shared_weight_s + self._expert_weight_s * (1.0 - self._expert_miss**b)
-        a_m = weights_s + (c0 + b) * self._kv_s_per_token / m
-        b_m = b * self._kv_s_per_token / m
-        per_step_s = self._fixed_s + b * self._comm_s_per_token / m
+        a_c, b_c = c0 * self._attention_s_per_pair / m, b * self._attention_s_per_pair / m
+        a_m, b_m = (c0 + b) * self._kv_s_per_token / m, b * self._kv_s_per_token / m
+        linear_s = self._linear_s(b) if m == 1 else self.linear_time_s(b / m)
+        per_step_s = self._fixed_s + b * self._comm_s_per_token / m + linear_s
         if self._num_hops:
             per_step_s += self._num_hops * (self._hop_fixed_s + b / m * self._hop_s_per_token)
         return num_steps * per_step_s + _sum_of_max(a_c, b_c, a_m, b_m, num_steps)

@@ -147,6 +147,8 @@ class HardwareProfile:
     inter_node_bytes_per_s: float = 50e9
     inter_node_latency_s: float = 5e-6
     pipeline_stage_overhead_s: float = 200e-6
+    calibration_name: str | None = None
+    calibration_slowdown: float = 1.0
 
     def __post_init__(self) -> None:
         _check_fields(self)

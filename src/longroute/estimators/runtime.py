@@ -1,25 +1,38 @@
-"""Roofline runtime predictor: seconds per engine iteration for a model on some GPUs.
+"""Runtime predictor: seconds per engine iteration for a model on some GPUs.
 
 One engine iteration runs a batch of new tokens (prefill chunks plus one
 token per decoding sequence) through the model, tensor-parallel over
 ``num_gpus`` GPUs of one hardware profile. Its predicted time is::
 
-    iteration_overhead_s + max(compute_s, memory_s) + tp_comm_s
+    iteration_overhead_s + linear_s(new tokens) + attention_s + tp_comm_s
 
-* compute_s = linear FLOPs / (peak * num_gpus * linear_mfu)
-            + attention FLOPs / (peak * num_gpus * attention_mfu), with
-  linear FLOPs = 2 * non-embedding active parameters * new tokens (the input
-  embedding is a gather; the LM head is left out because a prefill computes
-  logits for its last token only) and attention FLOPs =
-  4 * attention layers * heads * head_dim * (query, key) pairs (QK^T and PV).
-* memory_s = bytes / (bandwidth * num_gpus * bandwidth_efficiency), bytes being
-  the weights touched (all but the untied input-embedding table, of which only
-  the gathered rows are read; for an MoE, the shared weights plus the expected
-  fraction of distinct experts hit by the batch, 1 - (1 - k/E)^T), KV read for
-  all context tokens and KV written for the new tokens.
-* tp_comm_s = 2 all-reduces per layer of new_tokens * hidden * 2 bytes, each
-  costing a fixed latency plus the ring time 2 (n - 1) / n * bytes / link
-  bandwidth; not overlapped with compute.
+* linear_s: every layer's non-attention work (GEMMs, norms, rotary, activation,
+  residual adds) and the LM head's weight read, from the GPU's calibration: a
+  smooth roofline fitted to Vidur's measured operator tables
+  (:mod:`longroute.estimators.runtime_linear`, :mod:`~longroute.estimators.calibration`;
+  ``benchmarks/predictor_accuracy.py`` reports its error). A hardware profile
+  without a calibration file keeps the hand-set roofline of its profile.
+* attention_s = max(attention FLOPs / (peak * num_gpus * attention_mfu),
+  KV bytes / (bandwidth * num_gpus * bandwidth_efficiency)).
+
+  **Attention is analytic, not measured** (Vidur ships no attention tables).
+  Its assumptions, all here: FLOPs = 4 * attention layers * heads * head_dim
+  * (query, key) pairs (QK^T and PV; causal pairs of a chunk after cached
+  context, ``causal_attention_pairs``; a decode attends to its whole context);
+  bytes = KV read for all context tokens plus KV written for the new tokens;
+  the kernel runs at whichever bound is slower, at the hand-set ``attention_mfu``
+  and ``bandwidth_efficiency`` of the hardware profile (H100: 0.5 and 0.8).
+  longroute's own H100/H200 timings (``data/profiles/measured``) put torch's
+  FlashAttention-2 prefill at MFU 0.33-0.35 and cuDNN's at up to 0.58, and
+  decode KV reads at 0.5-0.93 of peak; those tables are kept as a check, not
+  fitted. Not modelled: paged-KV gather cost, split-KV scheduling, softmax
+  and masking beyond the pair count.
+* tp_comm_s = 2 all-reduces per layer of new_tokens * hidden * 2 bytes: the
+  calibrated latency + bytes / bandwidth of ``num_gpus`` workers where that
+  GPU's topology was measured, else the hand-set latency plus the ring time
+  2 (n - 1) / n * bytes / link bandwidth; not overlapped with compute.
+* iteration_overhead_s: the hand-set per-step cost (scheduler, sampling,
+  launches outside the layers); not measured.
 
 Not modelled: KV-head replication beyond capacity (accounted in
 ``kv_capacity_tokens`` only), the recurrent state of linear-attention layers and
@@ -29,53 +42,33 @@ sampling. Medha's pipeline (SPP) and KV-cache (KVP) parallelism live in
 The simulator calls ``iteration_time_s`` once per simulated iteration and
 ``decode_stretch_time_s``/``decode_steps_within`` to skip runs of pure-decode
 iterations; Medha's packer calls ``iteration_time_s`` in its chunk-size search.
-All are pure; constants are folded in ``__init__`` so the hot path is a few
-float operations.
+All are pure; constants are folded in ``__init__``, and the linear time of each
+token count is computed once and kept (a dict lookup on the hot path).
 """
 
 from __future__ import annotations
 
-import math
+from typing import Literal
 
+from longroute.estimators.calibration import ELEMENT_BYTES, GpuCalibration, load_calibration
 from longroute.estimators.profiles import HardwareProfile, ModelProfile
+from longroute.estimators.runtime_linear import LinearTerms
+from longroute.estimators.runtime_math import (
+    _check_at_least,
+    _check_stretch,
+    _sum_of_max,
+    causal_attention_pairs,
+)
+
+__all__ = ["RuntimePredictor", "_check_stretch", "_sum_of_max", "causal_attention_pairs"]
 
 DEFAULT_ACTIVATION_RESERVE_BYTES_PER_GPU = 2.0e9
 """Memory per GPU kept for activations, CUDA graphs and allocator slack."""
-
-_ACTIVATION_ELEMENT_BYTES = 2.0  # bf16 activations in tensor-parallel all-reduces
-
-
-def causal_attention_pairs(num_new_tokens: int, num_context_tokens: int) -> float:
-    """(query, key) pairs of a causal prefill chunk of ``num_new_tokens`` tokens
-    that follows ``num_context_tokens`` earlier tokens: q*c + q*(q+1)/2."""
-    q = num_new_tokens
-    return float(q * num_context_tokens) + q * (q + 1) / 2.0
 
 
 def _valid_tp_sizes(model: ModelProfile) -> list[int]:
     heads, kv = model.num_attention_heads, model.num_kv_heads
     return [n for n in range(1, heads + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0)]
-
-
-def _arith_sum(a: float, b: float, lo: int, hi: int) -> float:
-    """Sum of a + b*i for i in [lo, hi)."""
-    n = hi - lo
-    if n <= 0:
-        return 0.0
-    return n * a + b * (lo + hi - 1) * n / 2.0
-
-
-def _sum_of_max(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
-    """Sum over i in [0, k) of max(a1 + b1*i, a2 + b2*i), exactly, in O(1)."""
-    da, db = a1 - a2, b1 - b2
-    if db == 0.0:
-        return _arith_sum(a1, b1, 0, k) if da >= 0.0 else _arith_sum(a2, b2, 0, k)
-    cross = -da / db  # line 1 minus line 2 is zero here
-    if db > 0.0:  # line 1 wins from ceil(cross) on
-        split = 0 if cross <= 0.0 else k if cross >= k else math.ceil(cross)
-        return _arith_sum(a2, b2, 0, split) + _arith_sum(a1, b1, split, k)
-    split = 0 if cross < 0.0 else k if cross >= k else math.floor(cross) + 1
-    return _arith_sum(a1, b1, 0, split) + _arith_sum(a2, b2, split, k)
 
 
 class RuntimePredictor:
@@ -91,7 +84,10 @@ class RuntimePredictor:
         num_gpus: int = 1,
         *,
         activation_reserve_bytes_per_gpu: float = DEFAULT_ACTIVATION_RESERVE_BYTES_PER_GPU,
+        calibration: GpuCalibration | Literal["bundled"] | None = "bundled",
     ) -> None:
+        """``calibration``: ``"bundled"`` loads ``hardware.name``'s file if there is
+        one; ``None`` uses the hardware profile's hand-set roofline."""
         valid = _valid_tp_sizes(model)
         if num_gpus not in valid:
             raise ValueError(
@@ -103,45 +99,34 @@ class RuntimePredictor:
         self.model = model
         self.hardware = hardware
         self.num_gpus = num_gpus
+        if calibration == "bundled":
+            calibration = load_calibration(hardware.calibration_name or hardware.name)
+            if calibration is not None and hardware.calibration_slowdown != 1.0:
+                calibration = calibration.slowed(hardware.calibration_slowdown)
+        self.calibration = calibration
         self._activation_reserve_bytes_per_gpu = activation_reserve_bytes_per_gpu
         self.kv_bytes_per_token: float = (
             2.0 * model.num_kv_layers * model.num_kv_heads * model.head_dim
         ) * model.bytes_per_kv_element
-        self._fold_compute_constants()
-        self._fold_memory_constants()
+        self._fold_attention_constants()
+        self._fold_linear_constants()
         self._fold_comm_constants()
 
-    def _fold_compute_constants(self) -> None:
+    def _fold_attention_constants(self) -> None:
         model, hw, n = self.model, self.hardware, self.num_gpus
-        linear_params = model.num_active_params - model.num_embedding_params
-        self._linear_flops_per_token = 2.0 * linear_params
         self._attention_flops_per_pair = 4.0 * (
             model.num_kv_layers * model.num_attention_heads * model.head_dim
-        )
-        self._linear_s_per_token = self._linear_flops_per_token / (
-            hw.peak_flops_per_s * n * hw.linear_mfu
         )
         self._attention_s_per_pair = self._attention_flops_per_pair / (
             hw.peak_flops_per_s * n * hw.attention_mfu
         )
+        bandwidth = hw.memory_bandwidth_bytes_per_s * n * hw.bandwidth_efficiency
+        self._kv_s_per_token = self.kv_bytes_per_token / bandwidth
 
-    def _fold_memory_constants(self) -> None:
-        model, hw = self.model, self.hardware
-        bandwidth = hw.memory_bandwidth_bytes_per_s * self.num_gpus * hw.bandwidth_efficiency
-        self._s_per_byte = s_per_byte = 1.0 / bandwidth
-        gathered_only = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-        touched_params = float(model.num_params - gathered_only)
-        expert_params = 0.0
-        self._expert_miss = 0.0
-        if model.is_moe:
-            e, k = model.num_experts, model.num_experts_per_token
-            expert_params = e * (model.num_params - model.num_active_params) / (e - k)
-            self._expert_miss = 1.0 - k / e
-        self._shared_weight_s = (
-            (touched_params - expert_params) * model.bytes_per_param * s_per_byte
-        )
-        self._expert_weight_s = expert_params * model.bytes_per_param * s_per_byte
-        self._kv_s_per_token = self.kv_bytes_per_token * s_per_byte
+    def _fold_linear_constants(self) -> None:
+        self._linear = LinearTerms(self.model, self.hardware, self.num_gpus, self.calibration)
+        self._linear_flops_per_token = self._linear.flops_per_token
+        self._linear_cache: dict[int, float] = {}
 
     def _fold_comm_constants(self) -> None:
         model, hw, n = self.model, self.hardware, self.num_gpus
@@ -151,14 +136,30 @@ class RuntimePredictor:
             self._comm_s_per_token = 0.0
             return
         num_allreduces = 2 * model.num_layers
+        bytes_per_token = model.hidden_size * ELEMENT_BYTES
+        fit = self.calibration.allreduce_fit(n) if self.calibration is not None else None
+        if fit is not None:
+            self._fixed_s = overhead + num_allreduces * fit.latency_s
+            self._comm_s_per_token = num_allreduces * bytes_per_token / fit.bytes_per_s
+            return
         ring = 2.0 * (n - 1) / n
-        bytes_per_token = model.hidden_size * _ACTIVATION_ELEMENT_BYTES
         self._fixed_s = overhead + num_allreduces * hw.allreduce_latency_s
         self._comm_s_per_token = (
             num_allreduces * ring * bytes_per_token / hw.interconnect_bytes_per_s
         )
 
     # ------------------------------------------------------------------ hot path
+
+    def linear_time_s(self, num_tokens: float) -> float:
+        """Seconds of every layer's non-attention work for ``num_tokens`` new tokens
+        (:mod:`longroute.estimators.runtime_linear`); increasing in ``num_tokens``."""
+        return self._linear.time_s(num_tokens)
+
+    def _linear_s(self, num_tokens: int) -> float:
+        cached = self._linear_cache.get(num_tokens)
+        if cached is None:
+            cached = self._linear_cache[num_tokens] = self.linear_time_s(num_tokens)
+        return cached
 
     def iteration_time_s(
         self,
@@ -178,33 +179,24 @@ class RuntimePredictor:
         num_new = num_prefill_tokens + num_decodes
         if num_new <= 0:
             raise ValueError("an iteration needs at least one prefill token or decode")
-        compute_s = (
-            num_new * self._linear_s_per_token
-            + (prefill_attention_pairs + decode_context_tokens) * self._attention_s_per_pair
-        )
-        memory_s = (
-            self._shared_weight_s
-            + self._expert_weight_s * (1.0 - self._expert_miss**num_new)
-            + (prefill_context_tokens + decode_context_tokens + num_new) * self._kv_s_per_token
-        )
-        busy_s = compute_s if compute_s > memory_s else memory_s
-        return self._fixed_s + num_new * self._comm_s_per_token + busy_s
+        attention_s = (prefill_attention_pairs + decode_context_tokens) * self._attention_s_per_pair
+        kv_s = (prefill_context_tokens + decode_context_tokens + num_new) * self._kv_s_per_token
+        busy_s = attention_s if attention_s > kv_s else kv_s
+        return self._fixed_s + num_new * self._comm_s_per_token + self._linear_s(num_new) + busy_s
 
     def decode_stretch_time_s(
         self, num_decodes: int, context_tokens_start: int, num_steps: int
     ) -> float:
         """Seconds for ``num_steps`` pure-decode iterations of ``num_decodes`` sequences
         whose total KV length is ``context_tokens_start`` at the first step and grows by
-        ``num_decodes`` per step. O(1): each step is the max of two lines in the step
-        index, so the sum is two arithmetic series split at their crossover."""
+        ``num_decodes`` per step. O(1): the linear part is the same at every step, and
+        attention is the max of two lines in the step index, so its sum is two
+        arithmetic series split at their crossover."""
         _check_stretch(num_decodes, context_tokens_start, num_steps)
         b, c0 = num_decodes, context_tokens_start
-        a_c = b * self._linear_s_per_token + c0 * self._attention_s_per_pair
-        b_c = b * self._attention_s_per_pair
-        weights_s = self._shared_weight_s + self._expert_weight_s * (1.0 - self._expert_miss**b)
-        a_m = weights_s + (c0 + b) * self._kv_s_per_token
-        b_m = b * self._kv_s_per_token
-        per_step_s = self._fixed_s + b * self._comm_s_per_token
+        a_c, b_c = c0 * self._attention_s_per_pair, b * self._attention_s_per_pair
+        a_m, b_m = (c0 + b) * self._kv_s_per_token, b * self._kv_s_per_token
+        per_step_s = self._fixed_s + b * self._comm_s_per_token + self._linear_s(b)
         return num_steps * per_step_s + _sum_of_max(a_c, b_c, a_m, b_m, num_steps)
 
     def decode_steps_within(
@@ -269,8 +261,7 @@ class RuntimePredictor:
     def weight_bytes_touched(self, num_tokens: int) -> float:
         """Bytes of weights one iteration with ``num_tokens`` new tokens reads (all GPUs)."""
         _check_at_least("num_tokens", num_tokens, 1)
-        expert_s = self._expert_weight_s * (1.0 - self._expert_miss**num_tokens)
-        return (self._shared_weight_s + expert_s) / self._s_per_byte
+        return self._linear.weight_bytes(num_tokens)
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float) -> int:
         """Tokens of KV cache that fit once weights and the activation reserve are placed.
@@ -300,14 +291,3 @@ class RuntimePredictor:
     def _memory_layout(self) -> tuple[int, int, str]:
         """(GPUs, copies of the weights, the layout as error messages name it)."""
         return self.num_gpus, 1, f"{self.num_gpus} x"
-
-
-def _check_at_least(name: str, value: float, minimum: float) -> None:
-    if not value >= minimum:  # also rejects NaN
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_stretch(num_decodes: int, context_tokens_start: int, num_steps: int) -> None:
-    _check_at_least("num_decodes", num_decodes, 1)
-    _check_at_least("context_tokens_start", context_tokens_start, 0)
-    _check_at_least("num_steps", num_steps, 0)

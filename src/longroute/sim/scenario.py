@@ -190,12 +190,15 @@ def slowed_hardware(hardware: HardwareProfile, slowdown: float) -> HardwareProfi
     every fixed time (ending in ``_s``) multiplied by it, so every time term of
     the runtime predictor (compute, memory, all-reduce, pipeline hops, KVP
     merges, iteration overhead) scales by ``slowdown``; memory sizes and
-    efficiencies are kept, so the KV capacity does not change. Units are in the
+    efficiencies are kept, so the KV capacity does not change; the predictor
+    loads the original profile's calibration with its times scaled alike. Units are in the
     field names (house rule 8), so a new rate or latency field scales too.
     """
     if slowdown == 1.0:
         return hardware
     changes: dict[str, Any] = {"name": f"{hardware.name} x{slowdown:g} slower"}
+    changes["calibration_name"] = hardware.calibration_name or hardware.name
+    changes["calibration_slowdown"] = hardware.calibration_slowdown * slowdown
     for field in dataclasses.fields(hardware):
         value = getattr(hardware, field.name)
         if field.name.endswith("_per_s"):
