@@ -143,26 +143,32 @@ class TtcaRouter(BaseRouter):
         model_of: dict[str, str] = {}
         times: dict[str, float] = {}
         last: dict[str, tuple[int, int, Prediction, float]] = {}
+        first_weight = 1.0 + self.ttft_weight
+        externality_weight = self.externality_weight
+        models = self._models
         for state in candidates:
             endpoint = state.endpoint
             name = endpoint.name
-            model = self._time_model(endpoint)
+            entry = models.get(name)
+            model = entry[1] if entry is not None and entry[0] is endpoint else None
+            if model is None:
+                model = self._time_model(endpoint)
             cached = matched.get(name, 0) * block
             if cached > prompt:
                 cached = prompt
             uncached = prompt - cached
             p = model.predict(uncached, cached, out, state.engine_num_running)
             rtt_s = state.rtt_ms / 1000.0
-            ttft_s = rtt_s + p.ttft_engine_s
             times[name] = (
-                (1.0 + self.ttft_weight) * ttft_s
+                first_weight * (rtt_s + p.ttft_engine_s)
                 + (out - 1) * p.tpot_s
-                + self.externality_weight * p.externality_s
+                + externality_weight * p.externality_s
             )
             last[name] = (uncached, cached, p, rtt_s)
-            model_of[name] = endpoint.model
-            if endpoint.model not in q_of:
-                q_of[endpoint.model] = self._probability(endpoint.model, request)
+            m = endpoint.model
+            model_of[name] = m
+            if m not in q_of:
+                q_of[m] = self._probability(m, request)
         self._last_key = (request.request_id, request.attempt)
         self._last = last
         scores = self._expected(times, q_of, model_of, tried)
