@@ -21,7 +21,8 @@ chunks and batch slot add to the other requests at e, weighted by ``x``
 token above a second of decode: a streaming user sits idle before it and reads after
 it. With w = 0 the router minimises the answer's expected completion alone and gives
 up TTFT p95 for E2E p95 (on ``gorgo`` 1.11x GORGO's TTFT p95 at 0.98x its E2E p95);
-w = 2 was chosen on seeds 1-3, never the evaluation seeds (docs/ttca.md).
+w = 2 was chosen on seeds 1-3, never the evaluation seeds, with the hand-set predictor
+(docs/ttca.md).
 
 Q applies to the tasks the capability model was fitted on: a request of another task
 (or of none, such as a chat turn) is priced at Q = 1 unless ``price_other_tasks``, as
