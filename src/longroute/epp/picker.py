@@ -36,7 +36,7 @@ from longroute.gateway.intake import RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
-from longroute.gateway.wiring import build_router, models_body, monitors
+from longroute.gateway.wiring import build_router, model_map, models_body, monitors
 from longroute.routing.fleet_view import (
     AUTO_MODEL,
     CandidatesExhaustedError,
@@ -139,16 +139,9 @@ class EndpointPicker:
         self.health = HealthMonitor(self.backends, config.health, self.clock, self._health_changed)
         self.rtt, self.scraper = monitors(config, self.backends, self.fleet, self.clock)
         self.served_models = frozenset(b.model for b in self.backends.values())
-        self.models: dict[str, str] = {b.model: b.model for b in self.backends.values()}
-        self.models.update(config.model_aliases)
+        self.models = model_map(config, self.backends)
         self.models_body = models_body(self.models)
-        self.requests = RequestBuilder(
-            config,
-            self.clock,
-            is_hashing=self.router.needs_prefix_index,
-            is_detecting_language=self.router.needs_language,
-            is_reading_text=bool(getattr(self.router, "workflow_predictors", ())),
-        )
+        self.requests = RequestBuilder.for_router(config, self.clock, self.router)
 
     def _health_changed(self, name: str, is_healthy: bool) -> None:
         self.fleet.set_health(name, is_healthy)

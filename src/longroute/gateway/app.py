@@ -37,7 +37,7 @@ from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.priority import BackendPriorities, without_client_priority
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter, Redactor
-from longroute.gateway.wiring import build_router, models_body, monitors
+from longroute.gateway.wiring import build_router, model_map, models_body, monitors
 from longroute.routing.fleet_view import FleetView
 
 log = logging.getLogger("longroute.gateway")
@@ -101,18 +101,10 @@ class Gateway:
             priorities=BackendPriorities(config, self.clock),
         )
         self.rtt, self.scraper = monitors(config, self.backends, self.fleet, self.clock)
-        # served models map to themselves, aliases to their target (a model or "auto")
         self.served_models = frozenset(b.model for b in self.backends.values())
-        self.models: dict[str, str] = {b.model: b.model for b in self.backends.values()}
-        self.models.update(config.model_aliases)
+        self.models = model_map(config, self.backends)
         self._models_body = models_body(self.models)
-        self.requests = RequestBuilder(
-            config,
-            self.clock,
-            is_hashing=self.router.needs_prefix_index,
-            is_detecting_language=self.router.needs_language,
-            is_reading_text=bool(getattr(self.router, "workflow_predictors", ())),
-        )
+        self.requests = RequestBuilder.for_router(config, self.clock, self.router)
         reuse = config.context_reuse
         self.context = ContextReuse(reuse, self.metrics) if reuse.enabled else None
         self.background_tasks: list[asyncio.Task[None]] = []

@@ -119,6 +119,17 @@ class RequestBuilder:
     with ``workflow_predictors``.
     """
 
+    @classmethod
+    def for_router(cls, config: GatewayConfig, clock: Clock, router: Any) -> RequestBuilder:
+        """The builder of the features ``router`` reads (prefix hashes, language, text)."""
+        return cls(
+            config,
+            clock,
+            is_hashing=router.needs_prefix_index,
+            is_detecting_language=router.needs_language,
+            is_reading_text=bool(getattr(router, "workflow_predictors", ())),
+        )
+
     def __init__(
         self,
         config: GatewayConfig,

@@ -131,6 +131,13 @@ def monitors(
     return rtt, scraper
 
 
+def model_map(config: GatewayConfig, backends: Mapping[str, Backend]) -> dict[str, str]:
+    """Served models map to themselves, aliases to their target (a model or "auto")."""
+    models = {b.model: b.model for b in backends.values()}
+    models.update(config.model_aliases)
+    return models
+
+
 def models_body(models: dict[str, str]) -> bytes:
     """The /v1/models answer, built once: served models first, then aliases."""
     created = int(time.time())
