@@ -29,7 +29,7 @@ from longroute.errors import ConfigError
 from longroute.gateway.admission import Admission, Grant
 from longroute.gateway.backends import Backend, build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets
-from longroute.gateway.errors import SERVER_ERROR, GatewayError, overloaded_error
+from longroute.gateway.errors import GatewayError, no_candidate_error, overloaded_error
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.http.types import Headers
 from longroute.gateway.intake import RequestBuilder, authorize
@@ -38,12 +38,10 @@ from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
 from longroute.gateway.wiring import build_router, model_map, models_body, monitors
 from longroute.routing.fleet_view import (
-    AUTO_MODEL,
     CandidatesExhaustedError,
     FleetView,
     NoCandidateError,
 )
-from longroute.types import Request
 
 #: The last bytes of a response kept to read its ``usage`` (cached prompt tokens).
 USAGE_TAIL_BYTES = 8 * 1024
@@ -179,7 +177,7 @@ class EndpointPicker:
         except CandidatesExhaustedError as exc:
             raise GatewayError(409, str(exc), kind="exhausted", code="all_models_tried") from None
         except NoCandidateError as exc:
-            raise self._no_candidate(request, exc) from None
+            raise no_candidate_error(request, exc, self.backends, self.health.causes()) from None
         if grant is None:
             retry_after_s = self.config.admission.retry_after_s
             message = "every backend that could serve this request is at its max_concurrency"
@@ -202,24 +200,6 @@ class EndpointPicker:
             others.sort(key=lambda name: scores.get(name, float("inf")))
             addresses += [self.addresses[name] for name in others[: self.num_fallbacks]]
         return ",".join(addresses)
-
-    def _no_candidate(self, request: Request, exc: NoCandidateError) -> GatewayError:
-        """400 if no backend of the model could ever fit the request, else 503."""
-        model = request.model
-        serving = [
-            b.endpoint
-            for b in self.backends.values()
-            if model in (None, AUTO_MODEL) or b.model == model
-        ]
-        if serving and not any(e.can_fit(request) for e in serving):
-            return GatewayError(
-                400, str(exc), kind="context_length", code="context_length_exceeded"
-            )
-        causes = self.health.causes()
-        message = f"{exc}; backends: {causes}" if causes else str(exc)
-        return GatewayError(
-            503, message, kind="no_backend", type_=SERVER_ERROR, code="no_healthy_backend"
-        )
 
     def first_byte(self, pick: Pick) -> None:
         """The backend's first response body byte passed: it no longer owes the prompt."""

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from longroute.gateway.http.types import JSON_TYPE, HttpResponse
+from longroute.routing.fleet_view import AUTO_MODEL
+
+if TYPE_CHECKING:
+    from longroute.gateway.backends import Backend
+    from longroute.types import Request
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
@@ -100,4 +106,21 @@ def request_failed_error(backends: tuple[str, ...], last_message: str) -> Gatewa
         kind="request_failed",
         type_=SERVER_ERROR,
         code="backend_error",
+    )
+
+
+def no_candidate_error(
+    request: Request, exc: Exception, backends: Mapping[str, Backend], health_causes: str
+) -> GatewayError:
+    """The router found no candidate: 400 if no backend of the model could ever fit the
+    request, else 503 naming the backends' health (``health_causes``; may be empty)."""
+    model = request.model
+    serving = [
+        b.endpoint for b in backends.values() if model in (None, AUTO_MODEL) or b.model == model
+    ]
+    if serving and not any(e.can_fit(request) for e in serving):
+        return GatewayError(400, str(exc), kind="context_length", code="context_length_exceeded")
+    message = f"{exc}; backends: {health_causes}" if health_causes else str(exc)
+    return GatewayError(
+        503, message, kind="no_backend", type_=SERVER_ERROR, code="no_healthy_backend"
     )

@@ -48,9 +48,9 @@ from longroute.gateway.backend_errors import (
 from longroute.gateway.backends import Backend
 from longroute.gateway.config import AdmissionConfig
 from longroute.gateway.errors import (
-    SERVER_ERROR,
     GatewayError,
     all_failed_error,
+    no_candidate_error,
     overloaded_error,
     request_failed_error,
     sse_error_event,
@@ -65,7 +65,7 @@ from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.priority import BackendPriorities
 from longroute.gateway.redact import Redactor
 from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER, PREDICTED_TTFT_HEADER
-from longroute.routing.fleet_view import AUTO_MODEL, CandidatesExhaustedError, NoCandidateError
+from longroute.routing.fleet_view import CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request
 
 log = logging.getLogger("longroute.gateway")
@@ -219,7 +219,7 @@ class Proxy:
         except NoCandidateError as exc:
             if failure is not None:
                 raise all_failed_error(request.tried_endpoints, failure.message) from None
-            raise self._no_candidate(request, exc) from None
+            raise no_candidate_error(request, exc, self.backends, self.health.causes()) from None
         except QueueFullError as exc:
             raise overloaded_error(429, "queue_full", str(exc), self.config.retry_after_s) from None
         except QueueTimeoutError as exc:
@@ -228,23 +228,6 @@ class Proxy:
             raise overloaded_error(
                 503, "queue_timeout", str(exc), self.config.retry_after_s
             ) from None
-
-    def _no_candidate(self, request: Request, exc: NoCandidateError) -> GatewayError:
-        """400 if no backend of the model could ever fit the request, else 503."""
-        serving = [
-            b.endpoint
-            for b in self.backends.values()
-            if request.model in (None, AUTO_MODEL) or b.model == request.model
-        ]
-        if serving and not any(e.can_fit(request) for e in serving):
-            return GatewayError(
-                400, str(exc), kind="context_length", code="context_length_exceeded"
-            )
-        causes = self.health.causes()
-        message = f"{exc}; backends: {causes}" if causes else str(exc)
-        return GatewayError(
-            503, message, kind="no_backend", type_=SERVER_ERROR, code="no_healthy_backend"
-        )
 
     async def _attempt(
         self,
