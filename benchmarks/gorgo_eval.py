@@ -40,21 +40,18 @@ The last line is one JSON object with every per-seed figure, the ratios and the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from _eval import checked_seeds, eval_parser, progress_printer
 from longroute.metrics.summary import summarize
 from longroute.routing import Router
 from longroute.sim.scenario import load_scenario
 from longroute.sim.tune import TuneOptions, tune_scenario
 from longroute.sim.windows import run_windows
-from longroute.sweep.spec import parse_seeds
 from longroute.sweep.stats import median_estimate, paired_ratio
 from longroute.tuning import as_tunable
 
@@ -219,24 +216,17 @@ def _report(figures: dict, windows: list[str], weights: dict[str, Weights]) -> N
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="10-19", help="evaluation seeds")
+    parser = eval_parser(__doc__.splitlines()[0], "10-19", "seeds 10-11, tuner seeds 0-1")
     parser.add_argument("--tuner-seeds", default="0-4")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--quick", action="store_true", help="seeds 10-11, tuner seeds 0-1")
     args = parser.parse_args()
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    try:
-        seeds = parse_seeds("10-11" if args.quick else args.seeds)
-        tuner_seeds = parse_seeds("0-1" if args.quick else args.tuner_seeds)
-    except ValueError as exc:
-        parser.error(str(exc))
-    start = time.perf_counter()
+    seeds, tuner_seeds = checked_seeds(
+        parser,
+        args,
+        "10-11" if args.quick else args.seeds,
+        "0-1" if args.quick else args.tuner_seeds,
+    )
     context = multiprocessing.get_context("spawn")
-
-    def progress(i: int, total: int, what: str) -> None:
-        print(f"  [{i}/{total}] {what} ({time.perf_counter() - start:.0f} s)", flush=True)
+    progress = progress_printer()
 
     tunes = [("gorgo", t) for t in tuner_seeds]
     weights: dict[tuple[str, int], Weights] = {}

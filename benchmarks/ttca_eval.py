@@ -21,24 +21,21 @@ Every comparison is ttca over the reference, paired by seed: the median ratio, i
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing
-import os
 import statistics
 import sys
-import time
 from typing import Any
 
 import numpy as np
 
+from _eval import checked_seeds, eval_parser, progress_printer
 from longroute.metrics.summary import summarize
 from longroute.routing import Router
 from longroute.sim.scenario import load_scenario, run_scenario
 from longroute.sim.tune import TuneOptions, tune_scenario
 from longroute.sim.windows import run_windows
-from longroute.sweep.spec import parse_seeds
 from longroute.sweep.stats import paired_ratio
 from longroute.tuning import as_tunable
 
@@ -278,22 +275,11 @@ def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="10-14", help="evaluation seeds (at least 5)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--quick", action="store_true", help="seeds 10-11: a smoke run")
+    parser = eval_parser(__doc__.splitlines()[0], "10-14", "seeds 10-11: a smoke run")
     args = parser.parse_args()
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    try:
-        seeds = parse_seeds("10-11" if args.quick else args.seeds)
-    except ValueError as exc:
-        parser.error(str(exc))
-    start = time.perf_counter()
+    (seeds,) = checked_seeds(parser, args, "10-11" if args.quick else args.seeds)
     context = multiprocessing.get_context("spawn")
-
-    def progress(i: int, total: int, what: str) -> None:
-        print(f"  [{i}/{total}] {what} ({time.perf_counter() - start:.0f} s)", flush=True)
+    progress = progress_printer()
 
     print("tuning GORGO on gorgo (tuner seed 0) ...", flush=True)
     weights = dict(tune_scenario(load_scenario("gorgo"), TuneOptions(), seed=0).frozen.weights)
