@@ -18,6 +18,9 @@ BASELINES = ("prefix-cache", "session-affinity", "aibrix-prefix-cache", "random"
 
 
 def _module() -> ModuleType:
+    # as `python benchmarks/gorgo_eval.py` does: its directory holds the shared _eval.py
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("gorgo_eval", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
