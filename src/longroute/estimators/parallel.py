@@ -204,6 +204,11 @@ class ParallelPredictor(RuntimePredictor):
             float(num_prefill_tokens * (g_p - 1) + num_decodes * (g_d - 1)),
         )
 
+    def decode_step_line(self, num_decodes: int) -> tuple[float, float, float] | None:
+        """None: a round divides its terms over micro-batches (and KVP groups), so
+        callers time decode steps with :meth:`iteration_time_s`."""
+        return None
+
     def decode_stretch_time_s(
         self, num_decodes: int, context_tokens_start: int, num_steps: int
     ) -> float:

@@ -182,7 +182,20 @@ class RuntimePredictor:
         attention_s = (prefill_attention_pairs + decode_context_tokens) * self._attention_s_per_pair
         kv_s = (prefill_context_tokens + decode_context_tokens + num_new) * self._kv_s_per_token
         busy_s = attention_s if attention_s > kv_s else kv_s
-        return self._fixed_s + num_new * self._comm_s_per_token + self._linear_s(num_new) + busy_s
+        linear_s = self._linear_cache.get(num_new)  # _linear_s, inlined: the hot path
+        if linear_s is None:
+            linear_s = self._linear_s(num_new)
+        return self._fixed_s + num_new * self._comm_s_per_token + linear_s + busy_s
+
+    def decode_step_line(self, num_decodes: int) -> tuple[float, float, float] | None:
+        """``(fixed_s, attention_s, kv_s)`` with ``iteration_time_s(0, 0.0, 0, b, c)`` =
+        ``fixed_s + max(c * attention_s, (c + b) * kv_s)`` for ``b = num_decodes`` (>= 1)
+        and any total KV length ``c``, bit for bit: a caller pricing many decode steps of
+        one batch size does the two products itself (the ttca router's hot path). None
+        where no such line exists (the SPP/KVP layouts of estimators/parallel.py)."""
+        linear_s = self._linear_s(num_decodes)
+        fixed_s = self._fixed_s + num_decodes * self._comm_s_per_token + linear_s
+        return fixed_s, self._attention_s_per_pair, self._kv_s_per_token
 
     def decode_stretch_time_s(
         self, num_decodes: int, context_tokens_start: int, num_steps: int

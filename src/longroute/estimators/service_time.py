@@ -45,6 +45,28 @@ MAX_RATIO = 20.0
 """Observed/predicted ratios beyond [1/MAX_RATIO, MAX_RATIO] are clamped before learning."""
 
 
+_new_tuple = tuple.__new__
+"""Builds a :class:`Prediction` from its five fields without NamedTuple's Python-level
+``__new__`` (a third of a microsecond, 16 times a decision)."""
+
+_State = tuple[
+    int | None,
+    int,
+    int,
+    int,
+    int,
+    float,
+    int,
+    int,
+    float,
+    float,
+    float,
+    float,
+    tuple[float, float, float, float] | None,
+]
+"""EndpointTimeModel's counters as predict() reads them (see ``_refresh``)."""
+
+
 class Prediction(NamedTuple):
     """Predicted engine-side seconds at one endpoint, before network (a tuple: one is
     built per candidate per decision, and a frozen dataclass costs 10x more to make).
@@ -82,13 +104,17 @@ class EndpointTimeModel:
 
     Every method is O(1). The owner (the router) calls :meth:`add_pending` at
     dispatch, :meth:`start_decoding` at the first token, and :meth:`end_pending`
-    or :meth:`end_decoding` when the request leaves.
+    or :meth:`end_decoding` when the request leaves. What :meth:`predict` reads of
+    the counters (and the decode-only iteration times they imply) is kept until one
+    of them changes: a router prices every endpoint per request, and between two
+    requests only the chosen endpoint's counters move.
     """
 
     __slots__ = (
-        "_decode_only",
+        "_iteration_s",
         "_log_tpot",
         "_log_ttft",
+        "_state",
         "alpha",
         "budget_tokens",
         "decode_context_tokens",
@@ -122,8 +148,9 @@ class EndpointTimeModel:
         self.num_decoding = 0
         self.decode_context_tokens = 0.0  # sum of decoding sequences' mean KV length
         self.decode_remaining_tokens = 0.0  # sum of their mean remaining output
-        # (decodes, batch) -> decode-only iteration times; dropped when a counter changes
-        self._decode_only: tuple[tuple[int, int], float, float] | None = None
+        self._iteration_s = predictor.iteration_time_s
+        # what predict() needs of the counters; dropped when one changes
+        self._state: _State | None = None
         self._log_ttft = 0.0
         self._log_tpot = 0.0
         self.ttft_correction = 1.0
@@ -141,113 +168,147 @@ class EndpointTimeModel:
     ) -> Prediction:
         """Engine-side seconds for a request of ``uncached`` new prompt tokens after
         ``cached`` ones that will decode ``num_output_tokens`` tokens here."""
-        decodes = self.num_decoding
-        if engine_running is not None and engine_running > decodes:
-            decodes = engine_running
-        context = self.decode_context_tokens
-        if decodes > self.num_decoding and self.num_decoding > 0:
-            context *= decodes / self.num_decoding  # others' sequences: our mean length
+        state = self._state
+        if state is None or state[0] != engine_running:
+            state = self._refresh(engine_running)
+        (
+            _,
+            decodes,
+            context,
+            chunk,
+            pending_tokens,
+            pending_pairs,
+            pending_context,
+            num_pending,
+            others_kv,
+            horizon,
+            base_s,
+            fewer_s,
+            lines,
+        ) = state
+        iteration_s = self._iteration_s
         own_pairs = float(uncached * cached) + uncached * (uncached + 1) / 2.0  # causal
-        work = self.pending_tokens + uncached
-        pairs = self.pending_pairs + own_pairs
-        ctx = self.pending_context_tokens + cached
-        chunk = self.budget_tokens - decodes
-        if chunk < 1:
-            chunk = 1
-        iteration_s = self.predictor.iteration_time_s
+        work = pending_tokens + uncached
         n = 0
         if work > 0:
             n = -(-work // chunk)
-            one_s = iteration_s(-(-work // n), pairs / n, int(ctx / n), decodes, int(context))
+            one_s = iteration_s(
+                -(-work // n),
+                (pending_pairs + own_pairs) / n,
+                int((pending_context + cached) / n),
+                decodes,
+                context,
+            )
             prefill_s = n * one_s
         else:  # fully cached: one iteration computes the first token
-            one_s = prefill_s = iteration_s(0, 0.0, cached, decodes + 1, int(context))
-        batch = decodes + self.num_pending + 1
+            one_s = prefill_s = iteration_s(0, 0.0, cached, decodes + 1, context)
+        batch = decodes + num_pending + 1
         own_kv = uncached + cached + num_output_tokens / 2.0
-        others_kv = context + self.pending_context_tokens + self.pending_tokens
-        step_s = iteration_s(0, 0.0, 0, batch, int(others_kv + own_kv))
+        kv = int(others_kv + own_kv)
+        if lines is None:
+            step_s = iteration_s(0, 0.0, 0, batch, kv)
+        else:  # the same figure without a call (RuntimePredictor.decode_step_line)
+            step_fixed_s, lone_fixed_s, attention_s, kv_s = lines
+            busy_s, read_s = kv * attention_s, (kv + batch) * kv_s
+            step_s = step_fixed_s + (busy_s if busy_s > read_s else read_s)
         # today's batch drains within about its mean remaining output; the tokens after
         # that are decoded beside the requests now waiting for a first token only
         # (later arrivals are spread by routing): a long answer is not priced at the
         # snapshot's batch for its whole length
         near = float(num_output_tokens)
-        if self.num_decoding > 0:
-            horizon = self.decode_remaining_tokens / self.num_decoding
-            if horizon < near:
-                near = horizon
+        if horizon < near:
+            near = horizon
         far = num_output_tokens - near
         mean_step_s = step_s
         if far > 0.0:
-            lone_s = iteration_s(
-                0, 0.0, 0, self.num_pending + 1, int(self.pending_context_tokens + own_kv)
-            )
+            kv = int(pending_context + own_kv)
+            if lines is None:
+                lone_s = iteration_s(0, 0.0, 0, num_pending + 1, kv)
+            else:
+                busy_s, read_s = kv * attention_s, (kv + num_pending + 1) * kv_s
+                lone_s = lone_fixed_s + (busy_s if busy_s > read_s else read_s)
             mean_step_s = (near * step_s + far * lone_s) / num_output_tokens
         externality_s = 0.0
         if decodes > 0:
-            base_s, fewer_s = self._decode_only_s(decodes, context, batch, others_kv)
             # each running decode waits for this prompt's chunks beside it ...
             if uncached > 0:
-                if self.num_pending == 0:  # its chunks are the prefill's iterations above
+                if num_pending == 0:  # its chunks are the prefill's iterations above
                     beside_s = n * (one_s - base_s)
-                else:
-                    beside_s = self._chunks_beside_s(
-                        uncached, own_pairs, cached, chunk, base_s, decodes, int(context)
+                else:  # its own chunks, without the prompts queued ahead
+                    m = -(-uncached // chunk)
+                    with_chunk_s = iteration_s(
+                        -(-uncached // m), own_pairs / m, int(cached / m), decodes, context
                     )
+                    beside_s = m * (with_chunk_s - base_s)
                 externality_s = decodes * beside_s
             # ... and then steps beside one more sequence while they share the batch
             externality_s += (batch - 1) * (step_s - fewer_s) * near
-        return Prediction(
-            prefill_s,
-            mean_step_s,
-            prefill_s * self.ttft_correction,
-            mean_step_s * self.tpot_correction,
-            externality_s * self.ttft_correction,
+        correction = self.ttft_correction
+        return _new_tuple(
+            Prediction,
+            (
+                prefill_s,
+                mean_step_s,
+                prefill_s * correction,
+                mean_step_s * self.tpot_correction,
+                externality_s * correction,
+            ),
         )
 
-    def _decode_only_s(
-        self, decodes: int, context: float, batch: int, others_kv: float
-    ) -> tuple[float, float]:
-        """Decode-only iteration times of the running decodes and of everyone but the new
-        request: they depend on the counters alone, so they are kept until one changes."""
-        key = (decodes, batch)
-        cached = self._decode_only
-        if cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        predictor = self.predictor
-        base_s = predictor.iteration_time_s(0, 0.0, 0, decodes, int(context))
-        fewer_s = predictor.iteration_time_s(0, 0.0, 0, batch - 1, int(others_kv))
-        self._decode_only = (key, base_s, fewer_s)
-        return base_s, fewer_s
-
-    def _chunks_beside_s(
-        self,
-        uncached: int,
-        pairs: float,
-        cached: int,
-        chunk: int,
-        base_s: float,
-        decodes: int,
-        context: int,
-    ) -> float:
-        """Extra seconds the iterations carrying this prompt's chunks (``uncached`` > 0
-        tokens, ``pairs`` attention pairs) take over decode-only ones (what each running
-        decode waits for it)."""
-        n = -(-uncached // chunk)
-        with_chunk_s = self.predictor.iteration_time_s(
-            -(-uncached // n), pairs / n, int(cached / n), decodes, context
+    def _refresh(self, engine_running: int | None) -> _State:
+        """What :meth:`predict` needs of the counters (and the decode-only iteration
+        times of the running decodes and of everyone but the new request), kept until a
+        counter or the scraped ``engine_running`` changes: between two changes at this
+        endpoint the router prices many requests."""
+        decodes = own = self.num_decoding
+        if engine_running is not None and engine_running > decodes:
+            decodes = engine_running
+        context = self.decode_context_tokens
+        if decodes > own and own > 0:
+            context *= decodes / own  # others' sequences: our mean length
+        chunk = self.budget_tokens - decodes
+        if chunk < 1:
+            chunk = 1
+        others_kv = context + self.pending_context_tokens + self.pending_tokens
+        horizon = self.decode_remaining_tokens / own if own > 0 else math.inf
+        base_s = fewer_s = 0.0
+        if decodes > 0:
+            iteration_s = self._iteration_s
+            base_s = iteration_s(0, 0.0, 0, decodes, int(context))
+            fewer_s = iteration_s(0, 0.0, 0, decodes + self.num_pending, int(others_kv))
+        # decode steps of the batch with the new request, and of it beside the prompts
+        # queued ahead alone: (fixed, fixed, attention, KV) seconds, or None
+        line = self.predictor.decode_step_line
+        step = line(decodes + self.num_pending + 1)
+        lone = line(self.num_pending + 1)
+        lines = None if step is None or lone is None else (step[0], lone[0], step[1], step[2])
+        state = self._state = (
+            engine_running,
+            decodes,
+            int(context),
+            chunk,
+            self.pending_tokens,
+            self.pending_pairs,
+            self.pending_context_tokens,
+            self.num_pending,
+            others_kv,
+            horizon,
+            base_s,
+            fewer_s,
+            lines,
         )
-        return n * (with_chunk_s - base_s)
+        return state
 
     # ---- counters ------------------------------------------------------------
     def add_pending(self, uncached: int, cached: int) -> None:
-        self._decode_only = None
+        self._state = None
         self.pending_tokens += uncached
         self.pending_pairs += causal_attention_pairs(uncached, cached)
         self.pending_context_tokens += cached
         self.num_pending += 1
 
     def end_pending(self, uncached: int, cached: int) -> None:
-        self._decode_only = None
+        self._state = None
         self.pending_tokens -= uncached
         self.pending_pairs -= causal_attention_pairs(uncached, cached)
         self.pending_context_tokens -= cached
@@ -260,14 +321,14 @@ class EndpointTimeModel:
     ) -> None:
         """``remaining_tokens``: the output it has left to decode, on average over its
         decode (half its expected output)."""
-        self._decode_only = None
+        self._state = None
         self.end_pending(uncached, cached)
         self.num_decoding += 1
         self.decode_context_tokens += kv_tokens
         self.decode_remaining_tokens += remaining_tokens
 
     def end_decoding(self, kv_tokens: float, remaining_tokens: float) -> None:
-        self._decode_only = None
+        self._state = None
         self.num_decoding -= 1
         self.decode_context_tokens -= kv_tokens
         self.decode_remaining_tokens -= remaining_tokens
