@@ -143,6 +143,7 @@ class TtcaRouter(BaseRouter):
         q_of: dict[str, float] = {}
         model_of: dict[str, str] = {}
         times: dict[str, float] = {}
+        scores: dict[str, float] = {}
         last: dict[str, tuple[int, int, Prediction, float]] = {}
         first_weight = 1.0 + self.ttft_weight
         externality_weight = self.externality_weight
@@ -160,19 +161,23 @@ class TtcaRouter(BaseRouter):
             uncached = prompt - cached
             p = model.predict(uncached, cached, out, state.engine_num_running)
             rtt_s = state.rtt_ms / 1000.0
-            times[name] = (
+            t = (
                 first_weight * (rtt_s + p.ttft_engine_s)
                 + (out - 1) * p.tpot_s
                 + externality_weight * p.externality_s
             )
-            last[name] = (uncached, cached, p, rtt_s)
             m = endpoint.model
+            q = q_of.get(m)
+            if q is None:
+                q = q_of[m] = self._probability(m, request)
+            times[name] = t
+            scores[name] = t / q  # geometric; next-model replaces it below
+            last[name] = (uncached, cached, p, rtt_s)
             model_of[name] = m
-            if m not in q_of:
-                q_of[m] = self._probability(m, request)
         self._last_key = (request.request_id, request.attempt)
         self._last = last
-        scores = self._expected(times, q_of, model_of, tried)
+        if not self.is_geometric:
+            scores = self._next_model(times, q_of, model_of, tried)
         if tried:
             self._penalise(scores, model_of, request, q_of)
         if self.slo_mode and request.slo is not None and request.slo.ttft_s is not None:
@@ -196,17 +201,15 @@ class TtcaRouter(BaseRouter):
             predicted_ttft_s=rtt_s + p.ttft_engine_s,
         )
 
-    def _expected(
+    def _next_model(
         self,
         times: dict[str, float],
         q_of: dict[str, float],
         model_of: dict[str, str],
         tried: tuple[str, ...],
     ) -> dict[str, float]:
-        """E(e): T/Q (geometric), or T + (1 - Q) R(m) with R the best T/Q among untried
-        endpoints of other models (next-model)."""
-        if self.is_geometric:
-            return {name: t / q_of[model_of[name]] for name, t in times.items()}
+        """E(e) = T + (1 - Q) R(m), R the best T/Q among untried endpoints of other
+        models (retry_pricing "next-model"; the geometric T/Q is scored in route())."""
         best_of: dict[str, float] = {}  # per untried model, its best T/Q
         for name, t in times.items():
             m = model_of[name]
