@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from longroute.metrics.ttca import (
     compare_ttca,
     group_queries,
     reference_router,
+    split_by_outcome,
     ttca_of,
 )
 from longroute.metrics.ttca_report import comparison_json
@@ -133,6 +135,35 @@ def test_group_queries_orders_attempts_and_skips_unchecked_records() -> None:
     assert query.outcome == TtcaOutcome(3.0, 3, 3, False)
     assert query.language is Language.JAPANESE
     assert query.length_bucket_tokens == 4096
+
+
+def test_split_by_outcome_compares_two_routers_where_each_answered() -> None:
+    """A router that gives up cheaply has the lower mean over all queries; split by
+    outcome, it is the slower one where both answered."""
+    fast_fail = group_queries(
+        [
+            *_query("a:0", [True], 2.0),  # both answer: 2 s here, 1 s for the other
+            *_query("b:0", [False, False], 0.5),  # only the other answers: 1 s here
+            *_query("c:0", [False, False], 0.5),  # neither: 1 s here, 9 s for the other
+            *_query("d:0", [True], 1.0),  # one the other router never saw
+        ],
+        2,
+    )
+    thorough = group_queries(
+        [
+            *_query("a:0", [True], 1.0),
+            *_query("b:0", [False, True], 2.0),
+            *_query("c:0", [False, False], 4.5),
+        ],
+        2,
+    )
+    split = split_by_outcome(fast_fail, thorough)
+    assert split["both"] == (1, 2.0, 1.0)
+    assert split["only_b"] == (1, 1.0, 4.0)
+    assert split["neither"] == (1, 1.0, 9.0)
+    assert split["only_a"][0] == 0 and math.isnan(split["only_a"][1])
+    mirrored = split_by_outcome(thorough, fast_fail)
+    assert mirrored["only_a"] == (1, 4.0, 1.0) and mirrored["both"] == (1, 1.0, 2.0)
 
 
 def test_group_queries_rejects_repeated_attempt_numbers() -> None:

@@ -13,6 +13,7 @@ router, ``compare_ttca`` sets a reference router (LAAR) against another.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -257,3 +258,38 @@ def compare_ttca(reference: str, ref: TtcaSummary, other: str, oth: TtcaSummary)
 def reference_router(routers: Iterable[str], prefix: str = "laar") -> str | None:
     """The first router whose name starts with ``prefix`` (the TTCA reference), if any."""
     return next((r for r in routers if r.startswith(prefix)), None)
+
+
+# ---- two routers, query by query -----------------------------------------------
+
+OUTCOMES = ("both", "only_a", "only_b", "neither")
+"""Which of two routers answered a query correctly: both, only a, only b, or neither."""
+
+
+def split_by_outcome(
+    a: Sequence[QueryTtca], b: Sequence[QueryTtca]
+) -> dict[str, tuple[int, float, float]]:
+    """Per outcome of :data:`OUTCOMES`: (queries, mean TTCA under a, mean under b).
+
+    A mean over all queries lets a router that fails fast look quick: its failures
+    count at their censored TTCA. Split by who answered, the two routers meet on
+    equal terms where both did, and the rest says what each paid for the queries
+    the other (or neither) answered. Queries that only one of them saw are left
+    out. Means are NaN for an empty outcome. O(queries).
+    """
+    of_b = {q.query_id: q.outcome for q in b}
+    sums = {k: [0, 0.0, 0.0] for k in OUTCOMES}
+    for q in a:
+        other = of_b.get(q.query_id)
+        if other is None:
+            continue
+        solved_a, solved_b = not q.outcome.is_censored, not other.is_censored
+        key = OUTCOMES[(0 if solved_b else 1) if solved_a else (2 if solved_b else 3)]
+        entry = sums[key]
+        entry[0] += 1
+        entry[1] += q.outcome.ttca_s
+        entry[2] += other.ttca_s
+    return {
+        k: (int(n), s_a / n if n else math.nan, s_b / n if n else math.nan)
+        for k, (n, s_a, s_b) in sums.items()
+    }
