@@ -14,6 +14,10 @@ Runs, each at every evaluation seed (none of them a tuning seed):
   router still believes nominal; the TTFT error of ttca's predictions on it, per
   request in order of dispatch.
 
+On ``mixed`` each router's queries are also split against ttca's by who answered
+(``benchmarks/_ttca_outcomes.py``): a mean over all queries counts a failure at its
+censored TTCA, so a router that gives up cheaply looks quick.
+
 Every comparison is ttca over the reference, paired by seed: the median ratio, its
 95% bootstrap CI and the seeds ttca won. The last line is one JSON object with
 ``goals``: one per acceptance bullet of the issue.
@@ -31,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from _eval import checked_seeds, eval_parser, progress_printer
+from _ttca_outcomes import outcome_figures, report_outcomes
 from longroute.metrics.summary import summarize
 from longroute.routing import Router
 from longroute.sim.scenario import load_scenario, run_scenario
@@ -73,7 +78,11 @@ def plain_job(job: tuple[str, int, tuple[str, ...] | None]) -> tuple[tuple[str, 
     elif config.routers:
         names = [*config.routers, *(["ttca"] if "ttca" not in config.routers else [])]
     run = run_scenario(config, seed=seed, routers=names)
-    return (scenario, seed), _figures(run.results, run.ttca())
+    figures = _figures(run.results, run.ttca())
+    if scenario == "mixed" and run.max_attempts is not None:
+        for name, row in outcome_figures(run, run.max_attempts).items():
+            figures[name].update(row)
+    return (scenario, seed), figures
 
 
 def gorgo_job(job: tuple[int, dict[str, float]]) -> tuple[tuple[str, int], dict[str, Figures]]:
@@ -199,6 +208,13 @@ def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
             series("mixed", "ttca", "num_requests"), series("mixed", r, "num_requests")
         )
         _line(r, [_cell(first), _cell(sent)])
+
+    def outcome_series(router: str, key: str) -> list[float]:
+        return [data[("mixed", s)][router].get(key, math.nan) for s in seeds]
+
+    by_outcome = report_outcomes(outcome_series, routers, _line, _cell)
+    for r in routers:
+        mixed[r]["by_outcome"] = by_outcome[r]
     best_success = max(statistics.median(series("mixed", r, "final_success")) for r in routers)
     own_success = statistics.median(series("mixed", "ttca", "final_success"))
     figures["mixed"] = mixed

@@ -1,0 +1,67 @@
+"""benchmarks/_ttca_outcomes.py: ttca_eval's split of mixed's TTCA by who answered."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "_ttca_outcomes.py"
+SEEDS = [10, 11, 12, 13, 14]
+
+
+def _module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_ttca_outcomes", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_ttca_outcomes"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(both: float, neither: float, only_ttca: int) -> dict[str, float]:
+    """A router against ttca at one seed: ttca takes 2 s where both answered and 20 s
+    where neither did; the router ``both`` and ``neither`` seconds; nobody answers
+    alone but ttca (no means there, as outcome_figures leaves them out)."""
+    return {"both_n": 800.0, "both_ttca_s": 2.0, "both_other_s": both,
+            "only_a_n": float(only_ttca), "only_a_ttca_s": 3.0, "only_a_other_s": 6.0,
+            "only_b_n": 0.0, "neither_n": 150.0, "neither_ttca_s": 20.0,
+            "neither_other_s": neither}  # fmt: skip
+
+
+def test_ratios_per_outcome_over_seeds_and_the_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    module = _module()
+    data = {seed: {"fail-fast": _row(1.6 + 0.01 * i, 8.0, 550)} for i, seed in enumerate(SEEDS)}
+
+    def series(router: str, key: str) -> list[float]:
+        return [data[s][router].get(key, math.nan) for s in SEEDS]
+
+    lines: list[tuple[str, list[str]]] = []
+    out = module.report_outcomes(series, ["fail-fast"], lambda *a: lines.append(a), str)
+    row = out["fail-fast"]
+    assert row["both"]["median"] == pytest.approx(2.0 / 1.62)
+    assert row["both"]["num_wins"] == 0 and row["both"]["num_seeds"] == 5
+    assert row["neither"]["median"] == pytest.approx(2.5)
+    assert row["num_queries"] == {"both": 800, "only_a": 550, "only_b": 0, "neither": 150}
+    assert lines[-1][0] == "fail-fast" and lines[-1][1][-1] == "550 / 0"
+    assert "by who answered" in capsys.readouterr().out
+    json.dumps(out, allow_nan=False)  # the benchmark's last line stays valid JSON
+
+
+def test_an_outcome_no_seed_has_is_shown_as_absent() -> None:
+    module = _module()
+    row = _row(1.0, 8.0, 0)
+    del row["neither_ttca_s"], row["neither_other_s"]
+    row["neither_n"] = 0.0
+
+    def series(router: str, key: str) -> list[float]:
+        return [row.get(key, math.nan) for _ in SEEDS]
+
+    lines: list[tuple[str, list[str]]] = []
+    out = module.report_outcomes(series, ["r"], lambda *a: lines.append(a), str)
+    assert out["r"]["neither"] is None and lines[-1][1][1] == "-"
