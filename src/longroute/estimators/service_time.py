@@ -62,7 +62,7 @@ _State = tuple[
     float,
     float,
     float,
-    tuple[float, float, float, float] | None,
+    tuple[tuple[float, float, float], tuple[float, float, float]] | None,
 ]
 """EndpointTimeModel's counters as predict() reads them (see ``_refresh``)."""
 
@@ -208,9 +208,9 @@ class EndpointTimeModel:
         if lines is None:
             step_s = iteration_s(0, 0.0, 0, batch, kv)
         else:  # the same figure without a call (RuntimePredictor.decode_step_line)
-            step_fixed_s, lone_fixed_s, attention_s, kv_s = lines
+            fixed_s, attention_s, kv_s = lines[0]
             busy_s, read_s = kv * attention_s, (kv + batch) * kv_s
-            step_s = step_fixed_s + (busy_s if busy_s > read_s else read_s)
+            step_s = fixed_s + (busy_s if busy_s > read_s else read_s)
         # today's batch drains within about its mean remaining output; the tokens after
         # that are decoded beside the requests now waiting for a first token only
         # (later arrivals are spread by routing): a long answer is not priced at the
@@ -225,8 +225,9 @@ class EndpointTimeModel:
             if lines is None:
                 lone_s = iteration_s(0, 0.0, 0, num_pending + 1, kv)
             else:
+                fixed_s, attention_s, kv_s = lines[1]
                 busy_s, read_s = kv * attention_s, (kv + num_pending + 1) * kv_s
-                lone_s = lone_fixed_s + (busy_s if busy_s > read_s else read_s)
+                lone_s = fixed_s + (busy_s if busy_s > read_s else read_s)
             mean_step_s = (near * step_s + far * lone_s) / num_output_tokens
         externality_s = 0.0
         if decodes > 0:
@@ -277,11 +278,11 @@ class EndpointTimeModel:
             base_s = iteration_s(0, 0.0, 0, decodes, int(context))
             fewer_s = iteration_s(0, 0.0, 0, decodes + self.num_pending, int(others_kv))
         # decode steps of the batch with the new request, and of it beside the prompts
-        # queued ahead alone: (fixed, fixed, attention, KV) seconds, or None
+        # queued ahead alone: each (fixed, attention, KV) seconds, or None
         line = self.predictor.decode_step_line
         step = line(decodes + self.num_pending + 1)
         lone = line(self.num_pending + 1)
-        lines = None if step is None or lone is None else (step[0], lone[0], step[1], step[2])
+        lines = None if step is None or lone is None else (step, lone)
         state = self._state = (
             engine_running,
             decodes,
