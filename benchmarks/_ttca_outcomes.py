@@ -38,22 +38,27 @@ def outcome_figures(run: ScenarioRun, max_attempts: int) -> dict[str, dict[str, 
     return out
 
 
+RATIOS = ("both", "only_a", "neither")
+"""The outcomes where ttca's mean TTCA is set against the router's (``only_b``, where
+only the router answered, has been empty on every run so far)."""
+
+
 def report_outcomes(
     series: Callable[[str, str], list[float]],
     routers: list[str],
     line: Callable[[str, list[str]], None],
     cell: Callable[[dict[str, Any]], str],
 ) -> dict[str, Any]:
-    """Print and return, per router, ttca's mean TTCA over the router's where both or
-    neither answered (median ratio over seeds [95% CI], seeds won) and the median
-    number of queries only one of them answered. ``series(router, key)``: per seed, NaN
-    where a seed has no such figure."""
-    print("\nmixed, by who answered: mean TTCA, ttca / router; queries only one answered")
-    line("router", ["both answered", "neither answered", "only ttca / only it (n)"])
+    """Print and return, per router, ttca's mean TTCA over the router's where both,
+    only ttca, or neither answered (median ratio over seeds [95% CI], seeds won; None
+    where a seed has no such query), and the median number of queries per outcome.
+    ``series(router, key)``: per seed, NaN where a seed has no such figure."""
+    print("\nmixed, by who answered: mean TTCA, ttca / router")
+    line("router", ["both answered", "only ttca answered", "neither answered"])
     out: dict[str, Any] = {}
     for r in routers:
         row: dict[str, Any] = {}
-        for outcome in ("both", "neither"):
+        for outcome in RATIOS:
             mine, theirs = series(r, f"{outcome}_ttca_s"), series(r, f"{outcome}_other_s")
             if any(math.isnan(v) for v in (*mine, *theirs)):
                 row[outcome] = None
@@ -62,9 +67,12 @@ def report_outcomes(
             e = pair.estimate
             row[outcome] = {"median": e.median, "ci": list(e.ci) if e.ci else None,
                             "num_wins": pair.num_wins, "num_seeds": pair.num_seeds}  # fmt: skip
-        counts = {o: statistics.median(series(r, f"{o}_n")) for o in OUTCOMES}
-        row["num_queries"] = counts
+        row["num_queries"] = {o: statistics.median(series(r, f"{o}_n")) for o in OUTCOMES}
         out[r] = row
-        cells = [cell(row[o]) if row[o] is not None else "-" for o in ("both", "neither")]
-        line(r, [*cells, f"{counts['only_a']:.0f} / {counts['only_b']:.0f}"])
+        line(r, [cell(row[o]) if row[o] is not None else "-" for o in RATIOS])
+    print("\nmixed, queries by who answered (median over seeds)")
+    line("router", ["both / only ttca", "only it / neither"])
+    for r in routers:
+        n = out[r]["num_queries"]
+        line(r, [f"{n['both']:.0f} / {n['only_a']:.0f}", f"{n['only_b']:.0f} / {n['neither']:.0f}"])
     return out

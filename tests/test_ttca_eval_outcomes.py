@@ -27,11 +27,14 @@ def _module() -> ModuleType:
 def _row(both: float, neither: float, only_ttca: int) -> dict[str, float]:
     """A router against ttca at one seed: ttca takes 2 s where both answered and 20 s
     where neither did; the router ``both`` and ``neither`` seconds; nobody answers
-    alone but ttca (no means there, as outcome_figures leaves them out)."""
-    return {"both_n": 800.0, "both_ttca_s": 2.0, "both_other_s": both,
-            "only_a_n": float(only_ttca), "only_a_ttca_s": 3.0, "only_a_other_s": 6.0,
-            "only_b_n": 0.0, "neither_n": 150.0, "neither_ttca_s": 20.0,
-            "neither_other_s": neither}  # fmt: skip
+    alone but ttca (3 s against the router's 6 s). Outcomes without queries have no
+    means, as outcome_figures leaves them out."""
+    row = {"both_n": 800.0, "both_ttca_s": 2.0, "both_other_s": both,
+           "only_a_n": float(only_ttca), "only_b_n": 0.0, "neither_n": 150.0,
+           "neither_ttca_s": 20.0, "neither_other_s": neither}  # fmt: skip
+    if only_ttca:
+        row.update(only_a_ttca_s=3.0, only_a_other_s=6.0)
+    return row
 
 
 def test_ratios_per_outcome_over_seeds_and_the_counts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,8 +50,9 @@ def test_ratios_per_outcome_over_seeds_and_the_counts(capsys: pytest.CaptureFixt
     assert row["both"]["median"] == pytest.approx(2.0 / 1.62)
     assert row["both"]["num_wins"] == 0 and row["both"]["num_seeds"] == 5
     assert row["neither"]["median"] == pytest.approx(2.5)
+    assert row["only_a"]["median"] == pytest.approx(0.5) and row["only_a"]["num_wins"] == 5
     assert row["num_queries"] == {"both": 800, "only_a": 550, "only_b": 0, "neither": 150}
-    assert lines[-1][0] == "fail-fast" and lines[-1][1][-1] == "550 / 0"
+    assert lines[-1] == ("fail-fast", ["800 / 550", "0 / 150"])
     assert "by who answered" in capsys.readouterr().out
     json.dumps(out, allow_nan=False)  # the benchmark's last line stays valid JSON
 
@@ -64,4 +68,5 @@ def test_an_outcome_no_seed_has_is_shown_as_absent() -> None:
 
     lines: list[tuple[str, list[str]]] = []
     out = module.report_outcomes(series, ["r"], lambda *a: lines.append(a), str)
-    assert out["r"]["neither"] is None and lines[-1][1][1] == "-"
+    assert out["r"]["neither"] is None and lines[1][1][2] == "-"
+    assert out["r"]["only_a"] is None  # no seed had a query only ttca answered
