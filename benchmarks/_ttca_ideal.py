@@ -195,8 +195,7 @@ def report_ideal(
     success over the router's (``ratio(ideal, router's, lower=...)``: median over seeds
     [95% CI], seeds the ideal won). ``ideal(metric)`` and ``series(router, metric)``
     give one figure per seed, in the same seed order."""
-    print("\nmixed, an ideal router over each: true accuracies, idle fleet, no network "
-          "(a bound; benchmarks/_ttca_ideal.py)")  # fmt: skip
+    print("\nmixed, an ideal router / each: true accuracies, idle fleet, no network (a bound)")
     line("router", ["mean TTCA", "TTFT p95", "final success (x)"])
     out: dict[str, Any] = {}
     for r in routers:

@@ -1,6 +1,6 @@
 """The ttca router against each seed's router on its home turf, and on `mixed` (issue 18).
 
-    python benchmarks/ttca_eval.py            # seeds 10-14, ~15 min on 2 cores
+    python benchmarks/ttca_eval.py            # seeds 10-14, ~8 min on 2 cores
     python benchmarks/ttca_eval.py --quick    # seeds 10-11, a smoke run
 
 Runs, each at every evaluation seed (none of them a tuning seed):
@@ -12,7 +12,10 @@ Runs, each at every evaluation seed (none of them a tuning seed):
 * ``default`` and ``long-sessions``: ``ttca`` and every baseline of the scenario;
 * self-calibration: ``mixed`` with one endpoint slowed 2x (``slowdown: 2``) that the
   router still believes nominal; the TTFT error of ttca's predictions on it, per
-  request in order of dispatch.
+  request in order of dispatch;
+* an ideal router on ``mixed`` (``benchmarks/_ttca_ideal.py``): true accuracies, an idle
+  fleet, no network. It is computed, not simulated, and set over every router as a
+  bound on what the goal asks.
 
 On ``mixed`` each router's queries are also split against ttca's by who answered
 (``benchmarks/_ttca_outcomes.py``): a mean over all queries counts a failure at its
@@ -35,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from _eval import checked_seeds, eval_parser, progress_printer
+from _ttca_ideal import ideal_run, report_ideal
 from _ttca_outcomes import outcome_figures, report_outcomes
 from longroute.metrics.summary import summarize
 from longroute.routing import Router
@@ -83,6 +87,11 @@ def plain_job(job: tuple[str, int, tuple[str, ...] | None]) -> tuple[tuple[str, 
         for name, row in outcome_figures(run, run.max_attempts).items():
             figures[name].update(row)
     return (scenario, seed), figures
+
+
+def ideal_job(seed: int) -> tuple[tuple[str, int], dict[str, float]]:
+    """The ideal router on `mixed` (benchmarks/_ttca_ideal.py): a bound, not a run."""
+    return ("mixed-ideal", seed), ideal_run(load_scenario("mixed"), seed).figures()
 
 
 def gorgo_job(job: tuple[int, dict[str, float]]) -> tuple[tuple[str, int], dict[str, Figures]]:
@@ -215,6 +224,11 @@ def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
     by_outcome = report_outcomes(outcome_series, routers, _line, _cell)
     for r in routers:
         mixed[r]["by_outcome"] = by_outcome[r]
+    figures["mixed_ideal"] = report_ideal(
+        lambda metric: [data[("mixed-ideal", s)][metric] for s in seeds],
+        lambda router, metric: series("mixed", router, metric),
+        ["ttca", *routers], _ratio, _line, _cell,
+    )  # fmt: skip
     best_success = max(statistics.median(series("mixed", r, "final_success")) for r in routers)
     own_success = statistics.median(series("mixed", "ttca", "final_success"))
     figures["mixed"] = mixed
@@ -308,6 +322,7 @@ def main() -> None:
             jobs.append((plain_job, (scenario, seed, None)))
         jobs.append((gorgo_job, (seed, weights)))
         jobs.append((calibration_job, seed))
+        jobs.append((ideal_job, seed))
     data: dict[tuple[str, int], Any] = {}
     print(f"running {len(jobs)} jobs on {args.jobs} workers ...", flush=True)
     with context.Pool(args.jobs) as pool:
