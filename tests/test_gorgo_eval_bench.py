@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gorgo_eval.py"
+from bench_modules import load_benchmark
+
 SEEDS = [10, 11, 12, 13, 14]
 WINDOWS = ["full", "half", "third"]
 AIBRIX = "aibrix-prefix-cache"
@@ -18,15 +16,7 @@ BASELINES = ("prefix-cache", "session-affinity", "aibrix-prefix-cache", "random"
 
 
 def _module() -> ModuleType:
-    # as `python benchmarks/gorgo_eval.py` does: its directory holds the shared _eval.py
-    if str(SCRIPT.parent) not in sys.path:
-        sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("gorgo_eval", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gorgo_eval"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gorgo_eval.py")
 
 
 def _figures(scale: float, seed: int, num_requests: int = 1000) -> dict[str, Any]:

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "_ttca_outcomes.py"
+from bench_modules import load_benchmark
+
 SEEDS = [10, 11, 12, 13, 14]
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_ttca_outcomes", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_ttca_outcomes"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("_ttca_outcomes.py")
 
 
 def _row(both: float, neither: float, only_ttca: int) -> dict[str, float]:

@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from bench_modules import load_benchmark
 from longroute.config import ScenarioConfig
 from longroute.sim.scenario import load_scenario, run_scenario
 from longroute.workloads.types import Workload
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "_ttca_ideal.py"
-
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_ttca_ideal", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_ttca_ideal"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("_ttca_ideal.py")
 
 
 def _quiet_mixed(num_queries: int) -> ScenarioConfig:
