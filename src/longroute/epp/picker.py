@@ -36,10 +36,15 @@ from longroute.gateway.intake import RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
-from longroute.gateway.wiring import build_router, model_map, models_body, monitors
+from longroute.gateway.wiring import (
+    build_fleet,
+    build_router,
+    model_map,
+    models_body,
+    monitors,
+)
 from longroute.routing.fleet_view import (
     CandidatesExhaustedError,
-    FleetView,
     NoCandidateError,
 )
 
@@ -110,11 +115,7 @@ class EndpointPicker:
         self.names_by_address = {address: name for name, address in self.addresses.items()}
         self.client_api_keys = secrets.client_api_keys
         self.router = build_router(config, self.backends)
-        self.fleet = FleetView(
-            [b.endpoint for b in self.backends.values()],
-            prefix_capacity_blocks=config.prefix_index_capacity_blocks,
-            is_prefix_index_enabled=self.router.needs_prefix_index,
-        )
+        self.fleet = build_fleet(config, self.backends, self.router)
         self.metrics = GatewayMetrics(
             self.fleet, lambda: 0, calibration=getattr(self.router, "calibration", None)
         )

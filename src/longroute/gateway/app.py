@@ -37,8 +37,13 @@ from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.priority import BackendPriorities, without_client_priority
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter, Redactor
-from longroute.gateway.wiring import build_router, model_map, models_body, monitors
-from longroute.routing.fleet_view import FleetView
+from longroute.gateway.wiring import (
+    build_fleet,
+    build_router,
+    model_map,
+    models_body,
+    monitors,
+)
 
 log = logging.getLogger("longroute.gateway")
 
@@ -69,11 +74,7 @@ class Gateway:
         # every gateway log record is redacted and kept on one line (see redact.py)
         self.log_filter = RedactingFilter(self.redactor)
         self.router = build_router(config, self.backends)
-        self.fleet = FleetView(
-            [b.endpoint for b in self.backends.values()],
-            prefix_capacity_blocks=config.prefix_index_capacity_blocks,
-            is_prefix_index_enabled=self.router.needs_prefix_index,
-        )
+        self.fleet = build_fleet(config, self.backends, self.router)
         self.metrics = GatewayMetrics(
             self.fleet,
             lambda: self.admission.num_waiting,

@@ -64,6 +64,18 @@ def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Rout
     return router
 
 
+def build_fleet(
+    config: GatewayConfig, backends: Mapping[str, Backend], router: Router
+) -> FleetView:
+    """The fleet view over every backend, with a prefix index where ``router`` reads one
+    (the gateway and the endpoint picker build it alike)."""
+    return FleetView(
+        [b.endpoint for b in backends.values()],
+        prefix_capacity_blocks=config.prefix_index_capacity_blocks,
+        is_prefix_index_enabled=router.needs_prefix_index,
+    )
+
+
 def check_time_profiles(router_name: str, backends: Mapping[str, Backend]) -> None:
     """ConfigError naming the first backend whose ``model`` and ``hardware`` name no
     model and hardware profile (the router could not predict its times)."""
