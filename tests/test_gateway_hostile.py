@@ -410,3 +410,10 @@ def test_no_backend_key_reaches_a_client_or_a_log_line(
     assert re.search(r"(?m)^" + re.escape(FORGED), log) is None  # no forged line in the log
     statuses = re.findall(r"HTTP/1\.1 (\d{3})", everything)
     assert {"200", "400", "422", "502"} <= set(statuses), statuses
+    # no error answer names a backend's address, though every backend quoted its Host header
+    errors = [r.decode("latin-1") for r in replies if re.match(rb"HTTP/1\.1 [45]", r)]
+    assert len(errors) >= 20
+    for backend in hostile_backends:
+        host_port = backend.url.removeprefix("http://")
+        assert all(host_port not in e and backend.url not in e for e in errors), host_port
+    assert "127.0.0.1" not in "".join(errors)

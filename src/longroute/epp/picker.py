@@ -38,6 +38,7 @@ from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
 from longroute.gateway.wiring import (
     build_fleet,
+    build_redactor,
     build_router,
     model_map,
     models_body,
@@ -114,10 +115,14 @@ class EndpointPicker:
         }
         self.names_by_address = {address: name for name, address in self.addresses.items()}
         self.client_api_keys = secrets.client_api_keys
+        self.redactor = build_redactor(secrets, self.backends)
         self.router = build_router(config, self.backends)
         self.fleet = build_fleet(config, self.backends, self.router)
         self.metrics = GatewayMetrics(
-            self.fleet, lambda: 0, calibration=getattr(self.router, "calibration", None)
+            self.fleet,
+            lambda: 0,
+            calibration=getattr(self.router, "calibration", None),
+            is_healthy=lambda name: self.health.is_ready(name),
         )
         self.prompt_tokens = Counter(
             "longroute_epp_prompt_tokens",
@@ -178,7 +183,8 @@ class EndpointPicker:
         except CandidatesExhaustedError as exc:
             raise GatewayError(409, str(exc), kind="exhausted", code="all_models_tried") from None
         except NoCandidateError as exc:
-            raise no_candidate_error(request, exc, self.backends, self.health.causes()) from None
+            causes = self.redactor.client_text(self.health.causes())
+            raise no_candidate_error(request, exc, self.backends, causes) from None
         if grant is None:
             retry_after_s = self.config.admission.retry_after_s
             message = "every backend that could serve this request is at its max_concurrency"

@@ -175,7 +175,7 @@ class EppServer:
             body: dict[str, Any] = {"status": "ready" if healthy else "no healthy backend"}
             body["healthy"] = healthy
             if not healthy:
-                body["causes"] = picker.health.causes()
+                body["causes"] = picker.redactor.client_text(picker.health.causes())
             return HttpResponse(200 if healthy else 503, json.dumps(body).encode(), JSON_TYPE)
         if request.method == "GET" and request.path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST

@@ -36,9 +36,10 @@ from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.priority import BackendPriorities, without_client_priority
 from longroute.gateway.proxy import Proxy
-from longroute.gateway.redact import RedactingFilter, Redactor
+from longroute.gateway.redact import RedactingFilter
 from longroute.gateway.wiring import (
     build_fleet,
+    build_redactor,
     build_router,
     model_map,
     models_body,
@@ -68,9 +69,7 @@ class Gateway:
         self.clock = WallClock()
         self.backends = build_backends(config, secrets.backend_api_keys)
         self.client_api_keys = secrets.client_api_keys
-        self.redactor = Redactor(
-            [*secrets.backend_api_keys.values(), *(secrets.client_api_keys or ())]
-        )
+        self.redactor = build_redactor(secrets, self.backends)
         # every gateway log record is redacted and kept on one line (see redact.py)
         self.log_filter = RedactingFilter(self.redactor)
         self.router = build_router(config, self.backends)
@@ -79,6 +78,7 @@ class Gateway:
             self.fleet,
             lambda: self.admission.num_waiting,
             calibration=getattr(self.router, "calibration", None),
+            is_healthy=lambda name: self.health.is_ready(name),
         )
         self.admission = Admission(
             self.fleet,
@@ -221,7 +221,7 @@ class Gateway:
             "healthy": healthy,
         }
         if not healthy:
-            body["causes"] = self.health.causes()
+            body["causes"] = self.redactor.client_text(self.health.causes())
         return HttpResponse(status, json.dumps(body).encode(), JSON_TYPE)
 
     async def handle_metrics(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:

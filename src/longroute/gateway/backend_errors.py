@@ -30,16 +30,16 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9_.\-\[\]]{1,64}")
 
 def relayed_client_error(status: int, data: bytes, redactor: Redactor, backend: str) -> bytes:
     """The body for a client of a backend's 4xx answer ``data`` (OpenAI-style JSON)."""
-    fields = {  # an identifier that holds a secret (or part of one) is dropped whole
+    fields = {  # an identifier that holds a secret (or part of one) or an address goes whole
         key: value
         for key, value in _error_fields(data).items()
-        if key == "message" or redactor.secrets_only(value) == value
+        if key == "message" or redactor.client_text(value) == value
     }
     message = fields.get("message")
     if message is None:
         message = f"backend {backend} answered HTTP {status}"
     else:
-        message = redactor.text(message, MAX_CLIENT_MESSAGE_CHARS)
+        message = redactor.client_text(message, MAX_CLIENT_MESSAGE_CHARS)
     type_ = fields.get("type") or INVALID_REQUEST
     return error_body(message, type_, fields.get("code"), fields.get("param"))
 

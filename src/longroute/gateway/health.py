@@ -10,7 +10,9 @@ successes count while closed (passive checks), the probes always count.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 
@@ -27,11 +29,24 @@ MAX_CAUSE_CHARS = 200
 
 
 def probe_error_kind(exc: BaseException) -> str:
-    """``ClientConnectorError (Connection refused)``: the exception's type and the OS reason,
-    never its text (which names internal addresses a client must not see)."""
+    """``ClientConnectorError (ECONNREFUSED: Connection refused)``: the exception's type and
+    the OS reason from its errno, never its text: aiohttp's and asyncio's messages name the
+    address ("Connect call failed ('10.0.0.5', 8000)", "... ssl:default [...]"), which a
+    client must not see and which says nothing the backend's name does not."""
     os_error = getattr(exc, "os_error", None)
-    reason = getattr(os_error, "strerror", None) if os_error is not None else None
-    return type(exc).__name__ + (f" ({reason})" if reason else "")
+    if os_error is None and isinstance(exc, OSError):
+        os_error = exc
+    number = getattr(os_error, "errno", None)
+    if not isinstance(number, int):
+        return type(exc).__name__
+    name = errno.errorcode.get(number)
+    try:
+        reason = os.strerror(number) if number > 0 else None
+    except ValueError:
+        reason = None
+    if name is None and reason is None:
+        return type(exc).__name__
+    return f"{type(exc).__name__} ({': '.join(x for x in (name, reason) if x)})"
 
 
 class BreakerState(StrEnum):
@@ -85,19 +100,33 @@ class CircuitBreaker:
 
 
 class ReachabilityLog:
-    """Logs a backend turning unreachable or reachable once per change, not per attempt."""
+    """Logs what a monitor saw of a backend once per change, not per attempt: ``ok``,
+    ``unreachable`` (no HTTP answer: a connection error or a timeout) or a problem with an
+    answer it got (``detail`` says which: an HTTP status, metrics it cannot read)."""
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self._is_ok: dict[str, bool] = {}
+        self._states: dict[str, str] = {}
 
-    def update(self, name: str, is_ok: bool, detail: str = "") -> None:
-        if self._is_ok.get(name, True) != is_ok:
-            if is_ok:
-                log.info("%s: backend %s reachable again", self.what, name)
-            else:
-                log.warning("%s: backend %s unreachable: %s", self.what, name, detail)
-        self._is_ok[name] = is_ok
+    def update(
+        self, name: str, is_ok: bool, detail: str = "", *, is_answered: bool = False
+    ) -> None:
+        """``is_answered``: the backend answered, but not as the monitor needs."""
+        state = "ok" if is_ok else ("answered:" + detail if is_answered else "unreachable")
+        previous = self._states.get(name, "ok")
+        self._states[name] = state
+        if previous == state:
+            return
+        if is_ok:
+            log.info("%s: backend %s answers again", self.what, name)
+        elif is_answered:
+            log.warning("%s: backend %s answers, but %s", self.what, name, detail)
+        else:
+            log.warning("%s: backend %s unreachable: %s", self.what, name, detail)
+
+    def forget(self, name: str) -> None:
+        """``name`` left the fleet (a reload removed it)."""
+        self._states.pop(name, None)
 
 
 class HealthMonitor:
@@ -128,9 +157,16 @@ class HealthMonitor:
         self._clock = clock
         self._on_change = on_change
 
+    def is_ready(self, name: str) -> bool:
+        """The one health verdict that ``/ready``, ``longroute_backend_healthy`` and the
+        admin view show: the backend answered at least once and its breaker is closed.
+        (Routing is more hopeful: a closed breaker is enough, so the first requests need
+        not wait for the first probe.)"""
+        return self.breakers[name].is_closed and name in self.confirmed
+
     def ready_backends(self) -> list[str]:
-        """Backends that answered and whose breaker is closed."""
-        return [n for n, b in self.breakers.items() if b.is_closed and n in self.confirmed]
+        """Backends that answered and whose breaker is closed (:meth:`is_ready`)."""
+        return [name for name in self.breakers if self.is_ready(name)]
 
     def causes(self) -> str:
         """``a: HTTP 503; b: not probed yet`` over every backend that is not ready."""

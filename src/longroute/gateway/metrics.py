@@ -53,9 +53,13 @@ class GatewayMetrics:
         fleet: FleetView,
         queue_depth: Callable[[], int],
         calibration: Callable[[], Mapping[str, Calibration]] | None = None,
+        *,
+        is_healthy: Callable[[str], bool] | None = None,
     ) -> None:
         """``calibration``: the router's ``calibration()``, read per scrape; None when the
-        router has none (no calibration metrics then)."""
+        router has none (no calibration metrics then). ``is_healthy(endpoint)``: the
+        health verdict ``longroute_backend_healthy`` shows, read per scrape (the gateway
+        gives its health monitor's, the one ``/ready`` reads); None: the fleet view's."""
         self.registry = CollectorRegistry()
         registry = self.registry
         self.requests = Counter(
@@ -106,7 +110,7 @@ class GatewayMetrics:
             "Planned requests whose documents were sent in another order than given.",
             registry=registry,
         )
-        registry.register(_LiveCollector(fleet, queue_depth))
+        registry.register(_LiveCollector(fleet, queue_depth, is_healthy))
         if calibration is not None:
             registry.register(_CalibrationCollector(fleet, calibration))
         self._request_counts: dict[tuple[str, str, str, int], Any] = {}
@@ -129,9 +133,15 @@ class GatewayMetrics:
 class _LiveCollector:
     """Reads the FleetView's snapshots at scrape time: O(backends)."""
 
-    def __init__(self, fleet: FleetView, queue_depth: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        fleet: FleetView,
+        queue_depth: Callable[[], int],
+        is_healthy: Callable[[str], bool] | None,
+    ) -> None:
         self._fleet = fleet
         self._queue_depth = queue_depth
+        self._is_healthy = is_healthy
 
     def describe(self) -> Iterable[Metric]:
         return self._families()
@@ -148,7 +158,8 @@ class _LiveCollector:
             blocks.add_metric(label, index.num_blocks(endpoint.name))
             inflight.add_metric(label, state.num_inflight_requests)
             tokens.add_metric(label, state.num_queued_tokens)
-            healthy.add_metric(label, 1.0 if state.is_healthy else 0.0)
+            is_up = state.is_healthy if self._is_healthy is None else self._is_healthy(label[0])
+            healthy.add_metric(label, 1.0 if is_up else 0.0)
             rtt.add_metric(label, state.rtt_ms)
             if state.engine_num_waiting is not None:
                 waiting.add_metric(label, state.engine_num_waiting)
@@ -169,7 +180,10 @@ class _LiveCollector:
             per_endpoint(
                 "longroute_backend_inflight_tokens", "Prompt and output tokens still owed."
             ),
-            per_endpoint("longroute_backend_healthy", "1 if the circuit is closed."),
+            per_endpoint(
+                "longroute_backend_healthy",
+                "1 if the backend is ready: it answered and its circuit is closed (as /ready).",
+            ),
             per_endpoint("longroute_backend_rtt_ms", "RTT estimate (EWMA of probes)."),
             per_endpoint("longroute_engine_num_waiting", "Scraped engine queue length."),
             per_endpoint("longroute_engine_num_running", "Scraped engine running requests."),

@@ -219,7 +219,8 @@ class Proxy:
         except NoCandidateError as exc:
             if failure is not None:
                 raise all_failed_error(request.tried_endpoints, failure.message) from None
-            raise no_candidate_error(request, exc, self.backends, self.health.causes()) from None
+            causes = self.redactor.client_text(self.health.causes())
+            raise no_candidate_error(request, exc, self.backends, causes) from None
         except QueueFullError as exc:
             raise overloaded_error(429, "queue_full", str(exc), self.config.retry_after_s) from None
         except QueueTimeoutError as exc:

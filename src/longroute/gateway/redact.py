@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 FRAGMENT_CHARS = 8
 """Shortest run of a secret's characters that counts as leaking it."""
@@ -28,6 +29,15 @@ _CREDENTIAL = re.compile(
     r"[\"']?\s*[:=]\s*[\"']?)[^\s\"',;}\[\]]+"  # no '[': "[redacted]" stays as it is
 )
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+ADDRESS = "[address]"
+# what names a network place whoever wrote it: a URL, an IPv4 or bracketed IPv6 address
+# (with or without a port), a ('host', port) tuple as Python's socket errors print it
+_ADDRESS = re.compile(
+    r"(?i)\b[a-z][a-z0-9+.-]*://[^\s\"'<>]+"
+    r"|\[[0-9a-f:.]*:[0-9a-f:.]*\](?::\d{1,5})?"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
+    r"|\(\s*'[^']*'\s*,\s*\d{1,5}\s*\)"
+)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -36,13 +46,25 @@ def _escape(match: re.Match[str]) -> str:
 
 
 class Redactor:
-    """Removes configured secrets from text; immutable once built."""
+    """Removes configured secrets from text; immutable once built.
 
-    __slots__ = ("_fragment_chars", "_fragments", "_secret_bytes", "_secrets")
+    ``addresses``: the backends' URLs. :meth:`client_text` removes them (URL, host:port
+    and host name) and anything shaped like a network address from a text meant for a
+    client; the log keeps them, for the operator.
+    """
 
-    def __init__(self, secrets: Iterable[str], *, fragment_chars: int = FRAGMENT_CHARS) -> None:
+    __slots__ = ("_fragment_chars", "_fragments", "_hosts", "_secret_bytes", "_secrets")
+
+    def __init__(
+        self,
+        secrets: Iterable[str],
+        *,
+        fragment_chars: int = FRAGMENT_CHARS,
+        addresses: Iterable[str] = (),
+    ) -> None:
         if fragment_chars < 1:
             raise ValueError(f"fragment_chars must be >= 1, got {fragment_chars}")
+        self._hosts = _host_names(addresses)
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
         self._secret_bytes = [s.encode("utf-8", "surrogatepass") for s in self._secrets]
         self._fragment_chars = fragment_chars
@@ -73,6 +95,11 @@ class Redactor:
             text = text[:max_chars] + "..."
         return _CONTROL.sub(_escape, self.secrets_only(text))
 
+    def client_text(self, text: str, max_chars: int | None = None) -> str:
+        """:meth:`text`, and no backend address: for an error message a client will see."""
+        text = _ADDRESS.sub(ADDRESS, self.text(text, max_chars))
+        return text if self._hosts is None else self._hosts.sub(ADDRESS, text)
+
     def body(self, data: bytes) -> bytes:
         """Bytes for a client with every whole configured secret replaced (a 2xx body or
         stream chunk: its content is relayed as it is, only a quoted secret goes)."""
@@ -101,6 +128,16 @@ class Redactor:
             position = end
         parts.append(text[position:])
         return "".join(parts)
+
+
+def _host_names(urls: Iterable[str]) -> re.Pattern[str] | None:
+    """A pattern of the host names of ``urls`` as whole names, with any port (longest
+    first, so a name is not cut by a shorter one); None without URLs."""
+    hosts = {host for url in urls if (host := urlsplit(url).hostname)}
+    if not hosts:
+        return None
+    names = "|".join(re.escape(h) for h in sorted(hosts, key=len, reverse=True))
+    return re.compile(rf"(?i)(?<![\w.-])(?:{names})(?::\d{{1,5}})?(?![\w-])")
 
 
 class RedactingFilter(logging.Filter):
@@ -134,4 +171,4 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-__all__ = ["FRAGMENT_CHARS", "REDACTED", "RedactingFilter", "Redactor"]
+__all__ = ["ADDRESS", "FRAGMENT_CHARS", "REDACTED", "RedactingFilter", "Redactor"]

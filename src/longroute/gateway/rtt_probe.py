@@ -10,7 +10,7 @@ import aiohttp
 
 from longroute.estimators.rtt import RttEwma
 from longroute.gateway.backends import Backend
-from longroute.gateway.health import PROBE_ERRORS, ReachabilityLog
+from longroute.gateway.health import PROBE_ERRORS, ReachabilityLog, probe_error_kind
 from longroute.routing.fleet_view import FleetView
 
 
@@ -57,7 +57,7 @@ class RttProber:
             ) as response:
                 await response.read()
         except PROBE_ERRORS as exc:
-            self._reachability.update(backend.name, False, f"{type(exc).__name__}: {exc}")
+            self._reachability.update(backend.name, False, _probe_failure(exc, self._timeout))
             return
         self._reachability.update(backend.name, True)
         if backend.name not in self._connected:
@@ -69,3 +69,10 @@ class RttProber:
         if estimate is None:
             estimate = self.estimates[backend.name] = RttEwma(prior_ms=sample_ms)
         self.fleet.set_rtt(backend.name, estimate.update(sample_ms))
+
+
+def _probe_failure(exc: BaseException, timeout: aiohttp.ClientTimeout) -> str:
+    """What a failed probe saw, without the backend's address (see probe_error_kind)."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout.total:g} s"
+    return probe_error_kind(exc)

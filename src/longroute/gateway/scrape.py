@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from longroute.clock import Clock
 from longroute.gateway.backends import Backend
-from longroute.gateway.health import PROBE_ERRORS, ReachabilityLog
+from longroute.gateway.health import PROBE_ERRORS, ReachabilityLog, probe_error_kind
 from longroute.routing.fleet_view import FleetView
 
 WAITING_NAMES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
@@ -117,19 +117,32 @@ class EngineScraper:
     async def scrape(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         """One scrape of one backend; failures are logged once per change, never raised."""
         started_s = self._clock.now_s()
+        reachability = self._reachability
         try:
             async with session.get(
                 backend.metrics_url, headers=backend.probe_headers, timeout=self._timeout
             ) as response:
-                text = await response.text()
-                if response.status != 200:
-                    raise ValueError(f"HTTP {response.status}")
-            stats = parse_engine_metrics(text)
-        except PROBE_ERRORS as exc:
-            self._reachability.update(backend.name, False, f"{type(exc).__name__}: {exc}")
+                text = await response.text(errors="replace")
+                status = response.status
+        except TimeoutError:
+            reachability.update(backend.name, False, f"no answer within {self._timeout.total:g} s")
             return
+        except PROBE_ERRORS as exc:
+            reachability.update(backend.name, False, probe_error_kind(exc))
+            return
+        if status != 200:
+            detail = f"its metrics path answers HTTP {status}"
+            reachability.update(backend.name, False, detail, is_answered=True)
+            return
+        try:
+            stats = parse_engine_metrics(text)
+        except ValueError:  # prometheus_client's parser on a malformed page
+            stats = None
         if stats is None:
-            self._reachability.update(backend.name, False, "no engine load metrics recognised")
+            detail = "its metrics page has no engine load gauges this gateway knows (" + (
+                ", ".join(WAITING_NAMES) + ")"
+            )
+            reachability.update(backend.name, False, detail, is_answered=True)
             return
         self._reachability.update(backend.name, True)
         self.stats[backend.name] = stats

@@ -18,7 +18,8 @@ from longroute.clock import WallClock
 from longroute.errors import ConfigError
 from longroute.estimators.parallel import endpoint_predictor
 from longroute.gateway.backends import Backend
-from longroute.gateway.config import GatewayConfig
+from longroute.gateway.config import GatewayConfig, GatewaySecrets
+from longroute.gateway.redact import Redactor
 from longroute.gateway.rtt_probe import RttProber
 from longroute.gateway.scrape import EngineScraper
 from longroute.routing import ROUTERS
@@ -74,6 +75,13 @@ def build_fleet(
         prefix_capacity_blocks=config.prefix_index_capacity_blocks,
         is_prefix_index_enabled=router.needs_prefix_index,
     )
+
+
+def build_redactor(secrets: GatewaySecrets, backends: Mapping[str, Backend]) -> Redactor:
+    """What keeps every key, and every backend address from client-facing text, out of
+    what the gateway (or the endpoint picker) shows."""
+    keys = [*secrets.backend_api_keys.values(), *(secrets.client_api_keys or ())]
+    return Redactor(keys, addresses=[b.base_url for b in backends.values()])
 
 
 def check_time_profiles(router_name: str, backends: Mapping[str, Backend]) -> None:
