@@ -352,7 +352,9 @@ def test_load_trace_rejects_unknown_formats_and_suffixes(tmp_path: Path) -> None
     with pytest.raises(ValueError, match=r"'parquet'.*mooncake, azure, native"):
         load_trace(tmp_path / "x.jsonl", "parquet")
     path = _write(tmp_path, "trace.txt", ["{}"])
-    with pytest.raises(TraceError, match=r"trace\.txt: cannot tell the format"):
+    with pytest.raises(
+        TraceError, match=r"trace\.txt: cannot tell the trace format.*--trace-format"
+    ):
         load_trace(path)
     csv_path = _write(tmp_path, "t.csv", [AZURE_HEADER.strip(), "2023-11-16 18:15:46,7,8"])
     assert load_trace(csv_path).sessions[0].turns[0] == Turn(7, 8)

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from longroute.cli_options import TraceFormat
 from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
@@ -79,6 +80,13 @@ def simulate(
             "instead of the scenario's workload, at its own timestamps."
         ),
     ] = None,
+    trace_format: Annotated[
+        TraceFormat | None,
+        typer.Option(
+            help="The --trace file's format, for a suffix other than .csv, .jsonl or .json "
+            "(default: told from the suffix and the first line)."
+        ),
+    ] = None,
     routers: Annotated[
         str | None, typer.Option(help="Comma-separated routers to compare (default: all).")
     ] = None,
@@ -135,6 +143,8 @@ def simulate(
         options = SeedOptions(reference, metrics, weights, jobs, ray)
         simulate_seeds(scenario, routers, seeds, options, out, json_output)
         return
+    if trace_format is not None and trace is None:
+        raise _fail("--trace-format names the format of the --trace file; give --trace FILE")
     if any(v is not None for v in (reference, metrics, jobs, ray)):
         raise _fail("--reference, --metrics, --jobs and --ray go with --seeds")
     from longroute.metrics.report import summary_json, write_report
@@ -190,6 +200,7 @@ def simulate(
                 trace=trace,
                 on_router_done=lambda _name: progress.advance(task),
                 prepare_router=prepare,
+                trace_format=None if trace_format is None else trace_format.value,
             )
     except (ConfigError, RegistryError, TraceError, ValueError, LookupError) as exc:
         raise _fail(str(exc)) from None

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from longroute.cli_options import TraceFormat
 from longroute.workloads.kv_prompts import KV_CHARS_PER_TOKEN
 
 #: Closed-loop users when neither --concurrency nor --rate is given.
@@ -78,6 +79,10 @@ def bench_command(
     trace: Annotated[
         Path | None,
         typer.Option(help="Send this trace's sessions instead of a generated workload."),
+    ] = None,
+    trace_format: Annotated[
+        TraceFormat | None,
+        typer.Option(help="The --trace file's format (default: told from its suffix)."),
     ] = None,
     num_sessions: Annotated[
         int | None, typer.Option(help="Sessions to generate (or first trace sessions to keep).")
@@ -167,6 +172,8 @@ def bench_command(
     targets = [*(target or []), *([compare] if compare else [])]
     if not 0.0 <= max_failed <= 1.0:
         raise _fail(f"--max-failed must be within [0, 1], got {max_failed:g}")
+    if trace_format is not None and trace is None:
+        raise _fail("--trace-format names the format of the --trace file; give --trace FILE")
     if not targets:
         raise _fail("give a target: --target URL (twice, or with --compare URL, to compare)")
     if len(targets) > 2:
@@ -180,6 +187,7 @@ def bench_command(
             workload=workload,
             workload_params=parse_params(param),
             trace=trace,
+            trace_format=None if trace_format is None else trace_format.value,
             num_sessions=num_sessions,
             seed=seed,
             num_requests=num_requests,

@@ -91,8 +91,9 @@ class BenchOptions:
     Poisson process) must be set. The run stops issuing requests when the
     workload runs out, ``num_requests`` were issued, or ``duration_s`` passed,
     whichever is first; requests in flight then finish. ``trace`` replaces the
-    generator ``workload``. ``num_sessions`` defaults to ``num_requests`` if
-    set, else ``DEFAULT_NUM_SESSIONS_TIMED`` with ``duration_s``, else
+    generator ``workload``; ``trace_format`` names its format (detected when None).
+    ``num_sessions`` defaults to ``num_requests`` if set, else
+    ``DEFAULT_NUM_SESSIONS_TIMED`` with ``duration_s``, else
     ``DEFAULT_NUM_SESSIONS``; for a trace it keeps the first sessions.
     ``max_tokens`` overrides every turn's ``num_output_tokens``;
     ``think_time_scale`` multiplies the workload's think times (0: none).
@@ -109,6 +110,7 @@ class BenchOptions:
     workload: str = "short-chat"
     workload_params: Mapping[str, object] = field(default_factory=dict)
     trace: Path | None = None
+    trace_format: str | None = None
     num_sessions: int | None = None
     seed: int = 0
     num_requests: int | None = None

@@ -29,7 +29,7 @@ def load_workload(options: BenchOptions) -> Workload:
     if options.trace is not None:
         from longroute.workloads.traces import load_trace
 
-        return _first(load_trace(options.trace), options.num_sessions)
+        return _first(load_trace(options.trace, options.trace_format), options.num_sessions)
     from longroute.workloads.registry import WORKLOADS
 
     num_sessions = options.num_sessions or options.num_requests

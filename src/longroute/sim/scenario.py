@@ -137,10 +137,13 @@ def build_endpoints(config: ScenarioConfig) -> list[Endpoint]:
     return endpoints
 
 
-def build_workload(config: ScenarioConfig, seed: int, trace: Path | None = None) -> Workload:
+def build_workload(
+    config: ScenarioConfig, seed: int, trace: Path | None = None, trace_format: str | None = None
+) -> Workload:
+    """The scenario's workload, or ``trace`` (in ``trace_format``, else detected) instead."""
     wl = config.workload
     if trace is not None:
-        workload = load_trace(trace)
+        workload = load_trace(trace, trace_format)
     elif wl.trace is not None:
         workload = load_trace(Path(wl.trace), wl.format)
     else:
@@ -329,21 +332,24 @@ def run_scenario(
     trace: Path | None = None,
     on_router_done: Callable[[str], None] | None = None,
     prepare_router: PrepareRouter | None = None,
+    trace_format: str | None = None,
 ) -> ScenarioRun:
     """Simulate the scenario once per router, all on the same workload and seed.
 
     ``prepare_router(name, router)``, if given, is called on each router right
     after it is built (e.g. to set frozen weights); the observers it returns
-    watch that router's run (e.g. the online tuner).
+    watch that router's run (e.g. the online tuner). ``trace`` replaces the scenario's
+    workload; ``trace_format`` names its format (one of ``TRACE_FORMATS``), detected when None.
     """
     seed = config.seed if seed is None else seed
     if config.engines:
-        return _run_engines(config, seed, routers, trace, on_router_done, prepare_router)
+        traced = (trace, trace_format)
+        return _run_engines(config, seed, routers, traced, on_router_done, prepare_router)
     names = resolve_routers(config, routers)
     endpoints = build_endpoints(config)
     predictors = build_predictors(endpoints, endpoint_slowdowns(config))
     endpoints = fit_context_limits(endpoints, predictors)
-    workload = build_workload(config, seed, trace)
+    workload = build_workload(config, seed, trace, trace_format)
     clients = _client_spec(config, trace)
     slo = SLO(config.slo.ttft_s, config.slo.e2e_s, config.slo.tpot_s) if config.slo else None
     options = EngineOptions(
@@ -410,11 +416,12 @@ def _run_engines(
     config: ScenarioConfig,
     seed: int,
     routers: list[str] | None,
-    trace: Path | None,
+    trace: tuple[Path | None, str | None],
     on_router_done: Callable[[str], None] | None,
     prepare_router: PrepareRouter | None,
 ) -> ScenarioRun:
-    """Every router once per named engine, reported under ``engine_variants.labels``."""
+    """Every router once per named engine, reported under ``engine_variants.labels``;
+    ``trace`` is the (path, format) pair of :func:`run_scenario`."""
     names = resolve_routers(config, routers)
     results: dict[str, SimResult] = {}
     run: ScenarioRun | None = None
@@ -423,8 +430,9 @@ def _run_engines(
             engine_variants.apply_engine(config, engine),
             seed=seed,
             routers=[router],
-            trace=trace,
+            trace=trace[0],
             prepare_router=prepare_router,
+            trace_format=trace[1],
         )
         results[label] = run.results[router]
         if on_router_done is not None:

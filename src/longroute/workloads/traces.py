@@ -163,9 +163,12 @@ def detect_format(path: Path) -> str:
     if path.suffix.lower() == ".csv":
         return "azure"
     if path.suffix.lower() not in (".jsonl", ".json"):
+        suffix = repr(path.suffix) if path.suffix else "(none)"
         raise TraceError(
             path,
-            f"cannot tell the format from the suffix; pass fmt, one of {', '.join(TRACE_FORMATS)}",
+            f"cannot tell the trace format from the suffix {suffix} (known: .csv, .jsonl, "
+            ".json); name it with --trace-format (in a scenario: workload.format), one of "
+            f"{', '.join(TRACE_FORMATS)}",
         )
     first = json_objects(path, limit=1)[0][1]
     return "mooncake" if "hash_ids" in first or "input_length" in first else "native"

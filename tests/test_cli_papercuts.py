@@ -1,0 +1,95 @@
+"""Papercuts of the command line (issue 32): --trace-format, plain flags in every --help,
+a described `simulate --list`, report paths on stderr, wrapped warnings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from longroute.cli import app
+from longroute.cli_options import TraceFormat
+from longroute.workloads.traces import TRACE_FORMATS
+
+NUM_TRACE_LINES = 6
+TINY_SCENARIO = """\
+name: tiny
+seed: 3
+network:
+  router_region: us-east
+  rtt_ms: {us-east: {eu-west: 80}}
+fleet:
+  - {name: use, model: llama-3-8b, hardware: h100, region: us-east}
+  - {name: euw, model: llama-3-8b, hardware: h100, region: eu-west}
+workload:
+  generator: short-chat
+  params: {num_sessions: 40}
+clients: {kind: open, arrival: poisson, rate_per_s: 20}
+"""
+
+
+def _invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+
+
+def _scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_SCENARIO, encoding="utf-8")
+    return path
+
+
+def _mooncake_trace(path: Path) -> Path:
+    lines = [
+        {"timestamp": 100 * i, "input_length": 600, "output_length": 8, "hash_ids": [0, i + 1]}
+        for i in range(NUM_TRACE_LINES)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+# --- 1. --trace-format -----------------------------------------------------------------------
+
+
+def test_trace_format_choices_are_the_formats_the_readers_know() -> None:
+    assert tuple(f.value for f in TraceFormat) == TRACE_FORMATS
+
+
+def test_a_trace_with_an_odd_suffix_loads_with_trace_format(tmp_path: Path) -> None:
+    trace = _mooncake_trace(tmp_path / "requests.trace")
+    result = _invoke(
+        "simulate", "--scenario", _scenario(tmp_path), "--trace", trace,
+        "--trace-format", "mooncake", "--routers", "least-load", "--json", "--no-report",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["routers"]["least-load"]["num_requests"] == NUM_TRACE_LINES
+
+
+def test_an_odd_suffix_without_trace_format_says_to_pass_it(tmp_path: Path) -> None:
+    trace = _mooncake_trace(tmp_path / "requests.trace")
+    result = _invoke("simulate", "--scenario", _scenario(tmp_path), "--trace", trace, "--no-report")
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    message = result.stderr.replace("\n", "")
+    assert message.startswith("error:") and f"{trace}:" in message
+    assert "--trace-format" in message and "pass fmt" not in message
+    assert "one of mooncake, azure, native" in message
+
+
+def test_an_unknown_trace_format_lists_the_valid_ones(tmp_path: Path) -> None:
+    trace = _mooncake_trace(tmp_path / "requests.trace")
+    result = _invoke("simulate", "--trace", trace, "--trace-format", "parquet")
+    assert result.exit_code == 2
+    for name in TRACE_FORMATS:
+        assert name in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [("simulate", "--no-report"), ("bench", "--target", "http://127.0.0.1:9")]
+)
+def test_trace_format_without_a_trace_is_refused(args: tuple[str, ...]) -> None:
+    result = _invoke(*args, "--trace-format", "azure")
+    assert result.exit_code == 2
+    assert "give --trace FILE" in result.stderr.replace("\n", " ")
