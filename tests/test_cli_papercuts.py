@@ -93,3 +93,32 @@ def test_trace_format_without_a_trace_is_refused(args: tuple[str, ...]) -> None:
     result = _invoke(*args, "--trace-format", "azure")
     assert result.exit_code == 2
     assert "give --trace FILE" in result.stderr.replace("\n", " ")
+
+
+# --- 2. plain flags in every --help ----------------------------------------------------------
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command of the `longroute` tree, the root included, as its argv prefix."""
+    import typer.main
+
+    def walk(command: object, path: list[str]) -> list[list[str]]:
+        subcommands = getattr(command, "commands", {})
+        return [path, *(p for n, c in subcommands.items() for p in walk(c, [*path, n]))]
+
+    return walk(typer.main.get_command(app), [])
+
+
+def test_every_help_shows_flags_bare_and_no_double_negative() -> None:
+    paths = _command_paths()
+    assert {"simulate", "serve", "emulate", "bench", "tune", "fit", "demo", "sweep", "epp"} <= {
+        p[0] for p in paths if p
+    }
+    for path in paths:
+        result = _invoke(*path, "--help")
+        assert result.exit_code == 0, (path, result.output)
+        for bad in ("--no-no-", "BOOLEAN", "<bool>", "--no-fresh", "--no-unbounded"):
+            assert bad not in result.stdout, f"{bad!r} in `longroute {' '.join(path)} --help`"
+    simulate = _invoke("simulate", "--help").stdout
+    assert "--no-report" in simulate
+    assert "<int>" in simulate or "INTEGER" in simulate  # an option with a value keeps its type

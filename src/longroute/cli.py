@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from longroute.cli_options import TraceFormat
+from longroute.cli_options import Command, Group, TraceFormat
 from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     help="longroute: routing, queueing and context reuse for long-context LLM serving.",
@@ -68,7 +69,7 @@ def _print_list(console: Console) -> None:
     )
 
 
-@app.command()
+@app.command(cls=Command)
 def simulate(
     scenario: Annotated[
         str, typer.Option(help="Built-in scenario name or a scenario YAML file.")
@@ -97,7 +98,9 @@ def simulate(
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on stdout, nothing else.")
     ] = False,
-    no_report: Annotated[bool, typer.Option(help="Do not write the report folder.")] = False,
+    no_report: Annotated[
+        bool, typer.Option("--no-report", help="Do not write the report folder.")
+    ] = False,
     weights: Annotated[
         Path | None,
         typer.Option(
@@ -266,13 +269,13 @@ def _register_commands() -> None:
     from longroute.sweep.cli import sweep_command
     from longroute.tune_cli import tune_command
 
-    app.command("serve")(serve_command)
-    app.command("emulate")(emulate_command)
-    app.command("bench")(bench_command)
-    app.command("demo")(demo_command)
-    app.command("tune")(tune_command)
-    app.command("sweep")(sweep_command)
-    app.command("epp")(epp_command)
+    app.command("serve", cls=Command)(serve_command)
+    app.command("emulate", cls=Command)(emulate_command)
+    app.command("bench", cls=Command)(bench_command)
+    app.command("demo", cls=Command)(demo_command)
+    app.command("tune", cls=Command)(tune_command)
+    app.command("sweep", cls=Command)(sweep_command)
+    app.command("epp", cls=Command)(epp_command)
     app.add_typer(fit_app, name="fit")
 
 

@@ -16,9 +16,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from longroute.cli_options import Command, Group
 from longroute.features.length import DEFAULT_BUCKET_EDGES_TOKENS, bucket_label, check_bucket_edges
 
 fit_app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     help="Fit LAAR's and Chimera's models from observed outcomes.",
@@ -46,7 +48,7 @@ def _parse_edges(text: str) -> tuple[int, ...]:
         ) from None
 
 
-@fit_app.command("capability")
+@fit_app.command("capability", cls=Command)
 def capability_command(
     outcomes_path: Annotated[
         Path, typer.Argument(metavar="OUTCOMES", help="Outcomes JSONL (see docs/laar.md).")
@@ -131,10 +133,10 @@ def _register_workflow_commands() -> None:
         ltr_command,
     )
 
-    fit_app.command("confidence")(confidence_command)
-    fit_app.command("length")(length_command)
-    fit_app.command("ltr")(ltr_command)
-    fit_app.command("agent-outcomes")(agent_outcomes_command)
+    fit_app.command("confidence", cls=Command)(confidence_command)
+    fit_app.command("length", cls=Command)(length_command)
+    fit_app.command("ltr", cls=Command)(ltr_command)
+    fit_app.command("agent-outcomes", cls=Command)(agent_outcomes_command)
 
 
 _register_workflow_commands()

@@ -74,7 +74,9 @@ def tune_command(
     ] = None,
     unbounded: Annotated[
         bool,
-        typer.Option(help="Ignore the scenario's weight bounds (the reward-hacking ablation)."),
+        typer.Option(
+            "--unbounded", help="Ignore the scenario's weight bounds (the reward-hacking ablation)."
+        ),
     ] = False,
     seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
     out: Annotated[

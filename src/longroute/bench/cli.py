@@ -120,7 +120,10 @@ def bench_command(
         bool, typer.Option("--stream/--no-stream", help="Stream responses (SSE).")
     ] = True,
     ignore_eos: Annotated[
-        bool, typer.Option(help="Send ignore_eos (vLLM, SGLang) so outputs reach max_tokens.")
+        bool,
+        typer.Option(
+            "--ignore-eos", help="Send ignore_eos (vLLM, SGLang) so outputs reach max_tokens."
+        ),
     ] = False,
     timeout_s: Annotated[
         float, typer.Option("--timeout-s", help="Per-request timeout in seconds.")

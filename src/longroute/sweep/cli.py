@@ -92,7 +92,8 @@ def sweep_command(
         typer.Option(help="Report and cell-cache folder (default: reports/sweeps/<name>)."),
     ] = None,
     fresh: Annotated[
-        bool, typer.Option(help="Recompute every cell (ignore and do not use the cache).")
+        bool,
+        typer.Option("--fresh", help="Recompute every cell (ignore and do not use the cache)."),
     ] = False,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on stdout, nothing else.")
