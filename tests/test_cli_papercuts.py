@@ -122,3 +122,56 @@ def test_every_help_shows_flags_bare_and_no_double_negative() -> None:
     simulate = _invoke("simulate", "--help").stdout
     assert "--no-report" in simulate
     assert "<int>" in simulate or "INTEGER" in simulate  # an option with a value keeps its type
+
+
+# --- 3. simulate --list ----------------------------------------------------------------------
+
+
+def test_simulate_list_gives_every_router_a_description_within_100_columns() -> None:
+    from longroute.routing import ROUTERS
+    from longroute.workloads.registry import WORKLOADS
+
+    result = _invoke("simulate", "--list")  # COLUMNS=200: the list stays within 100 anyway
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    too_wide = [line for line in lines if len(line) > 100]
+    assert not too_wide, too_wide
+    sections: dict[str, dict[str, str]] = {}  # title -> name -> description
+    for line in lines:
+        if line.endswith(":") and not line.startswith(" "):
+            section = sections.setdefault(line[:-1], {})
+        elif line.strip():
+            name, _, description = line.strip().partition("  ")
+            section[name] = description.strip()
+    expected = {"routers": ROUTERS.names(), "workloads": WORKLOADS.names()}
+    expected |= {"scenarios": ["default"], "model profiles": ["llama-3-8b"]}
+    expected |= {"hardware profiles": ["h100"]}
+    for title, names in expected.items():
+        for name in names:
+            description = sections[title].get(name, "")
+            assert len(description) >= 20, f"{title}: {name}: {description!r}"
+
+
+def test_registry_describe_prefers_the_registered_description_then_the_docstring() -> None:
+    from longroute.registry import Registry
+
+    registry: Registry[object] = Registry("thing")
+
+    @registry.register("told", description="Said at registration")
+    class Told:
+        """Not this."""
+
+    @registry.register("documented")
+    class Documented:
+        """First paragraph, ``marked up``,
+        on two lines.
+
+        Not this paragraph."""
+
+    @registry.register("bare")
+    class Bare(Documented):
+        pass
+
+    assert registry.describe("told") == "Said at registration"
+    assert registry.describe("documented") == "First paragraph, marked up, on two lines."
+    assert registry.describe("bare") == ""  # never a base class's docstring

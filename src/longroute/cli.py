@@ -54,21 +54,6 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _print_list(console: Console) -> None:
-    from longroute.estimators.profiles import hardware_profile_names, model_profile_names
-    from longroute.routing import ROUTERS
-    from longroute.sim.scenario import builtin_scenario_names
-    from longroute.workloads.registry import WORKLOADS
-
-    console.print("[bold]scenarios:[/] " + ", ".join(builtin_scenario_names()), soft_wrap=True)
-    console.print("[bold]routers:[/] " + ", ".join(ROUTERS.names()), soft_wrap=True)
-    console.print("[bold]workloads:[/] " + ", ".join(WORKLOADS.names()), soft_wrap=True)
-    console.print("[bold]model profiles:[/] " + ", ".join(model_profile_names()), soft_wrap=True)
-    console.print(
-        "[bold]hardware profiles:[/] " + ", ".join(hardware_profile_names()), soft_wrap=True
-    )
-
-
 @app.command(cls=Command)
 def simulate(
     scenario: Annotated[
@@ -108,7 +93,10 @@ def simulate(
         ),
     ] = None,
     list_all: Annotated[
-        bool, typer.Option("--list", help="List scenarios, routers and profiles.")
+        bool,
+        typer.Option(
+            "--list", help="List scenarios, routers, workloads and profiles, with a line on each."
+        ),
     ] = False,
     seeds: Annotated[
         str | None,
@@ -136,7 +124,9 @@ def simulate(
 
     console = result_console(stderr=json_output)
     if list_all:
-        _print_list(console)
+        from longroute.cli_list import print_list
+
+        print_list(console)
         return
     if seeds is not None:
         if trace is not None:

@@ -20,7 +20,9 @@ class Registry(Generic[T]):
 
     ``@registry.register("name")`` registers a class or function; ``build``
     creates an instance from a name and keyword parameters, rejecting unknown
-    names and parameters with an error that lists the valid ones.
+    names and parameters with an error that lists the valid ones. ``describe``
+    says what a name is in one line (``simulate --list``): the ``description``
+    given at registration, else the first paragraph of the factory's docstring.
     """
 
     def __init__(self, kind: str, code_params: tuple[str, ...] = ()) -> None:
@@ -29,15 +31,28 @@ class Registry(Generic[T]):
         # listed as valid config parameters, and refused when a config sets them
         self.code_params = frozenset(code_params)
         self._factories: dict[str, Callable[..., T]] = {}
+        self._descriptions: dict[str, str] = {}
 
-    def register(self, name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def register(
+        self, name: str, *, description: str | None = None
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         def decorator(factory: Callable[..., T]) -> Callable[..., T]:
             if name in self._factories:
                 raise RegistryError(f"{self.kind} {name!r} is already registered")
             self._factories[name] = factory
+            if description is not None:
+                self._descriptions[name] = description
             return factory
 
         return decorator
+
+    def describe(self, name: str) -> str:
+        """One line on what ``name`` is; "" when it has neither description nor docstring."""
+        factory = self.get(name)
+        if name in self._descriptions:
+            return self._descriptions[name]
+        doc = inspect.cleandoc(factory.__doc__ or "")  # its own: not a base class's
+        return doc.split("\n\n")[0].replace("\n", " ").replace("``", "").strip()
 
     def names(self) -> list[str]:
         return sorted(self._factories)

@@ -29,7 +29,10 @@ def _check(name: str, value: float) -> float:
     return float(value)
 
 
-@ROUTERS.register("aibrix-prefix-cache")
+@ROUTERS.register(
+    "aibrix-prefix-cache",
+    description="AIBrix's prefix-cache routing: cached prefix, unless the load is unbalanced",
+)
 class AibrixPrefixCacheRouter(BaseRouter):
     """AIBrix's prefix-cache router: imbalance check, prefix match %, mean + k*sd load bar.
 

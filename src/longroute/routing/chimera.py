@@ -66,7 +66,10 @@ class RemainingLengthPredictor(Protocol):
     def predict(self, request: Request, model: str) -> float: ...
 
 
-@ROUTERS.register("chimera")
+@ROUTERS.register(
+    "chimera",
+    description="Chimera: the most confident model within a latency slack of the fastest",
+)
 class ChimeraRouter(BaseRouter):
     """Chimera's scheduler (see the module docstring). Tunable: τ and Δs.
 

@@ -45,7 +45,10 @@ WEIGHT_NAMES = ("rtt_weight", "queue_weight")
 QUEUE_RELEASES = ("complete", "first-token")
 
 
-@ROUTERS.register("gorgo")
+@ROUTERS.register(
+    "gorgo",
+    description="GORGO: least cost over network distance, uncached prefill and queued work",
+)
 class GorgoRouter(BaseRouter):
     """Routes to argmin of ``rtt_weight*rtt_ms + uncached_tokens + queue_weight*queued_tokens``.
 

@@ -64,7 +64,10 @@ class SuccessModel(Protocol):
         ...
 
 
-@ROUTERS.register("laar")
+@ROUTERS.register(
+    "laar",
+    description="LAAR: least expected time to a correct answer, latency over accuracy (L/Q)",
+)
 class LaarRouter(BaseRouter):
     """Picks the candidate endpoint with the least L/Q (see the module docstring).
 

@@ -28,7 +28,10 @@ class LengthScorer(Protocol):
     def score(self, request: Request) -> float: ...
 
 
-@ROUTERS.register("ltr")
+@ROUTERS.register(
+    "ltr",
+    description="vLLM's load balancer plus learning-to-rank shortest job first",
+)
 class LtrRouter(VllmLoadBalancer):
     """``vllm-lb``'s choice, with the ranker's score as priority. O(candidates) + one score."""
 

@@ -34,7 +34,10 @@ DEFAULT_NUM_LEVELS = 8
 DEFAULT_MAX_PROGRAMS = 100_000
 
 
-@ROUTERS.register("mlfq")
+@ROUTERS.register(
+    "mlfq",
+    description="vLLM's load balancer plus multi-level feedback queues by attained service",
+)
 class MlfqRouter(VllmLoadBalancer):
     """``vllm-lb``'s choice, with the workflow's MLFQ level as priority. O(candidates)."""
 

@@ -18,7 +18,10 @@ from longroute.routing.base import ROUTERS
 from longroute.routing.vllm_lb import VllmLoadBalancer
 
 
-@ROUTERS.register("oracle-stjf")
+@ROUTERS.register(
+    "oracle-stjf",
+    description="Simulator only: vllm-lb with the true remaining workflow output as priority",
+)
 class OracleStjfRouter(VllmLoadBalancer):
     """``vllm-lb``'s choice; the simulator supplies the true remaining workflow tokens."""
 
@@ -27,7 +30,10 @@ class OracleStjfRouter(VllmLoadBalancer):
     is_simulator_only = True
 
 
-@ROUTERS.register("oracle-sjf")
+@ROUTERS.register(
+    "oracle-sjf",
+    description="Simulator only: vllm-lb with the request's true output length as priority",
+)
 class OracleSjfRouter(VllmLoadBalancer):
     """``vllm-lb``'s choice; the simulator supplies the request's own true output tokens."""
 

@@ -65,7 +65,10 @@ this share of the round trip."""
 SCORE_MEANING = "expected seconds to a correct answer (tried models penalised)"
 
 
-@ROUTERS.register("ttca")
+@ROUTERS.register(
+    "ttca",
+    description="The least expected time to a correct answer, everything priced in seconds",
+)
 class TtcaRouter(BaseRouter):
     """Routes to the least expected time to a correct answer (see the module docstring).
 

@@ -46,7 +46,10 @@ def check_waiting_weight(value: float) -> float:
     return float(value)
 
 
-@ROUTERS.register("vllm-lb")
+@ROUTERS.register(
+    "vllm-lb",
+    description="vLLM's load balancer: least weighted sum of waiting and running requests",
+)
 class VllmLoadBalancer(BaseRouter):
     """Lowest ``waiting_weight`` x waiting + running requests; ties in fleet order.
 

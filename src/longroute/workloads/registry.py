@@ -19,10 +19,24 @@ from longroute.workloads.types import Workload
 WORKLOADS: Registry[Workload] = Registry("workload")
 WORKLOADS.register("short-chat")(short_chat)
 WORKLOADS.register("long-sessions")(long_sessions)
-WORKLOADS.register("mixed-long-short")(mixed_long_short)
-WORKLOADS.register("kv-lookup")(kv_lookup)
-WORKLOADS.register("art-chat")(art_chat)
-WORKLOADS.register("rag")(rag)
+WORKLOADS.register(
+    "mixed-long-short", description="Short chat requests mixed with a few very long ones"
+)(mixed_long_short)
+WORKLOADS.register(
+    "kv-lookup",
+    description="KV-lookup questions with checkable answers over lengths and languages (TTCA)",
+)(kv_lookup)
+WORKLOADS.register(
+    "art-chat", description="Long multi-turn chat whose prefix reuse is almost all in-session"
+)(art_chat)
+WORKLOADS.register(
+    "rag", description="Retrieval-augmented queries over a shared corpus of documents"
+)(rag)
 WORKLOADS.register("medha-mix")(medha_mix)
-WORKLOADS.register("agent-workflows")(agent_workflows)
-WORKLOADS.register("blend")(blend)
+WORKLOADS.register(
+    "agent-workflows",
+    description="Multi-agent workflows (code and math, 1-4 stages) shaped after Chimera's",
+)(agent_workflows)
+WORKLOADS.register("blend", description="Several generators' sessions in one workload (its parts)")(
+    blend
+)
