@@ -27,11 +27,18 @@ from longroute.clock import WallClock
 from longroute.gateway.admission import Admission
 from longroute.gateway.backends import build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
-from longroute.gateway.errors import SERVER_ERROR, GatewayError, bad_request
+from longroute.gateway.errors import (
+    SERVER_ERROR,
+    GatewayError,
+    bad_request,
+    draining_error,
+    shutdown_error,
+)
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.http.server import Handler, HttpServer, ResponseStream
 from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse
 from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize
+from longroute.gateway.lifecycle import Drain, DrainReport, end_cut_stream
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import ROUTES, parse_body
 from longroute.gateway.priority import BackendPriorities, without_client_priority
@@ -48,8 +55,11 @@ from longroute.gateway.wiring import (
 
 log = logging.getLogger("longroute.gateway")
 
-# how long a stopping gateway lets in-flight requests finish
+# how long Gateway.stop() (tests, `serve_gateway`) lets in-flight requests finish;
+# `longroute serve` drains for the config's shutdown.drain_timeout_s instead
 STOP_GRACE_S = 5.0
+# what a draining gateway still answers on a kept-alive connection (the rest: 503)
+_OPS_PATHS = frozenset({"/health", "/ready", "/metrics", "/admin/fleet"})
 # the status counted for a request whose client left before its answer (nginx's 499)
 CLIENT_CLOSED_STATUS = 499
 # the server's own rejections (its error code) -> longroute_errors_total{kind}
@@ -112,6 +122,8 @@ class Gateway:
         self.routes = self._route_table()
         self._server: HttpServer | None = None
         self._session: aiohttp.ClientSession | None = None
+        self.drain = Drain()
+        self._drain_report: DrainReport | None = None
 
     def _route_table(self) -> dict[tuple[str, str], Handler]:
         routes: dict[tuple[str, str], Handler] = {
@@ -133,6 +145,10 @@ class Gateway:
         if handler is None:
             message = f"Invalid URL ({http_request.method} {http_request.path})"
             return GatewayError(404, message, kind="unknown_url").response()
+        if self.drain.is_draining and http_request.path not in _OPS_PATHS:
+            self.drain.num_refused += 1
+            self.metrics.errors.labels("draining").inc()
+            return draining_error(self.config.admission.retry_after_s).response()
         return await handler(http_request, stream)
 
     def _health_changed(self, name: str, is_healthy: bool) -> None:
@@ -180,11 +196,22 @@ class Gateway:
         except RecursionError:  # e.g. re-serialising a body nested as deep as the decoder allows
             self.metrics.errors.labels("bad_request").inc()
             response = bad_request("the body's JSON is nested too deeply").response()
-        except (asyncio.CancelledError, ConnectionResetError):
-            # the client went away (the server cancels its handler, or a write found it gone):
-            # its work stopped there, and the backend connection was dropped with it
-            self.metrics.errors.labels("client_disconnect").inc()
-            self.metrics.count_request(route, model_label, endpoint, CLIENT_CLOSED_STATUS)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or not self.drain.is_cut(task):
+                self._count_disconnect(route, model_label, endpoint)
+                raise
+            # the drain's deadline passed: end the request here (its backend connection
+            # was closed by the cancellation, so the engine aborts it)
+            task.uncancel()
+            self.metrics.errors.labels("server_shutdown").inc()
+            if stream.is_started:
+                await end_cut_stream(stream)
+                response = None
+            else:
+                response = shutdown_error(self.config.admission.retry_after_s).response()
+        except ConnectionResetError:
+            self._count_disconnect(route, model_label, endpoint)
             raise
         except Exception:  # a bug must still give the client an answer
             log.exception("unexpected error while serving %s", route)
@@ -202,6 +229,12 @@ class Gateway:
             self.metrics.e2e.observe(time.monotonic() - started_s)
         return response
 
+    def _count_disconnect(self, route: str, model: str, endpoint: str) -> None:
+        """The client went away (the server cancels its handler, or a write found it gone):
+        its work stopped there, and the backend connection was dropped with it."""
+        self.metrics.errors.labels("client_disconnect").inc()
+        self.metrics.count_request(route, model, endpoint, CLIENT_CLOSED_STATUS)
+
     # ---- everything else -----------------------------------------------------
     async def handle_models(self, http_request: HttpRequest, _: ResponseStream) -> HttpResponse:
         try:
@@ -214,6 +247,8 @@ class Gateway:
         return HttpResponse(200, b'{"status": "ok"}')
 
     async def handle_ready(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
+        if self.drain.is_draining:
+            return HttpResponse(503, b'{"status": "draining"}', JSON_TYPE)
         healthy = self.health.ready_backends()
         status = 200 if healthy else 503
         body: dict[str, Any] = {
@@ -299,10 +334,22 @@ class Gateway:
         limit, a head past its deadline)."""
         self.metrics.errors.labels(_REJECT_KINDS.get(code, "bad_request")).inc()
 
+    async def drain_requests(self, timeout_s: float) -> DrainReport | None:
+        """The graceful drain (:mod:`longroute.gateway.lifecycle`): refuse new connections,
+        let every request finish within ``timeout_s``, cut the rest; once (later calls
+        return the first's report). None when the gateway never listened."""
+        if self._server is None:
+            return None
+        if self._drain_report is None:
+            self._drain_report = await self.drain.run(self._server, timeout_s)
+        return self._drain_report
+
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stops listening, lets in-flight requests finish (up to ``grace_s``), closes the rest."""
+        """Drains (up to ``grace_s``, unless a drain ran already), closes every connection,
+        stops the monitoring loops and the backend pools."""
         if self._server is not None:
-            await self._server.close(grace_s)
+            await self.drain_requests(grace_s)
+            await self._server.close(0.0)
             self._server = None
         for task in self.background_tasks:
             task.cancel()

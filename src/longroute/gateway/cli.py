@@ -94,11 +94,19 @@ def _run(gateway: Gateway, host: str, port: int) -> None:
 
 
 async def _serve(gateway: Gateway, host: str, port: int) -> None:
-    """Serve until SIGINT/SIGTERM; logs the bound address (the real port when 0 was asked)."""
+    """Serve until SIGINT/SIGTERM, then drain (a second signal cuts the drain short); logs
+    the bound address (the real port when 0 was asked)."""
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_stop_signal() -> None:
+        if stopping.is_set():
+            logging.getLogger("longroute.gateway").info("second signal: ending the drain now")
+            gateway.drain.cut_now()
+        stopping.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stopping.set)
+        loop.add_signal_handler(signum, on_stop_signal)
     try:
         addresses = await gateway.start(host, port)
         # what exists now lives as long as the process: keep the collector's full
@@ -108,7 +116,7 @@ async def _serve(gateway: Gateway, host: str, port: int) -> None:
         for address in addresses:
             logging.getLogger("longroute.gateway").info("listening on http://%s:%d", *address)
         await stopping.wait()
-        logging.getLogger("longroute.gateway").info("stopping")
+        await gateway.drain_requests(gateway.config.shutdown.drain_timeout_s)
     finally:
         await gateway.stop()
         for signum in (signal.SIGINT, signal.SIGTERM):

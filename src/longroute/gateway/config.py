@@ -235,6 +235,22 @@ class HealthConfig(_Model):
     open_s: float = Field(10.0, gt=0, description="Seconds open before a half-open probe.")
 
 
+class ShutdownConfig(_Model):
+    """The graceful drain on SIGTERM or SIGINT (see docs/operations.md)."""
+
+    drain_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="How long requests in flight or queued may run on after SIGTERM/SIGINT "
+        "(new connections are refused at once); then each remaining stream ends with a "
+        "server_shutdown error event and [DONE], each other request with a 503. A second "
+        "signal ends them at once. Long-context streams last minutes: keep it above the "
+        "longest you serve, and the orchestrator's grace period (Kubernetes: "
+        "terminationGracePeriodSeconds) above it.",
+    )
+
+
 class ContextReuseConfig(_Model):
     """Context reuse for requests that carry ``documents`` (see docs/gateway.md)."""
 
@@ -269,6 +285,7 @@ class GatewayConfig(_Model):
     admission: AdmissionConfig = Field(default_factory=lambda: AdmissionConfig())
     health: HealthConfig = Field(default_factory=lambda: HealthConfig())
     http: HttpConfig = Field(default_factory=lambda: HttpConfig())
+    shutdown: ShutdownConfig = Field(default_factory=lambda: ShutdownConfig())
     rtt_probe_interval_s: float | None = Field(
         5.0, gt=0, description="Seconds between RTT probes (None = off)."
     )

@@ -63,6 +63,44 @@ def sse_error_event(message: str, code: str) -> bytes:
     return b"data: " + error_body(message, SERVER_ERROR, code) + b"\n\n"
 
 
+SHUTDOWN = "server_shutdown"
+"""The error type and code of a request the gateway ended because it is shutting down."""
+_SHUTDOWN_MESSAGE = (
+    "the gateway is shutting down and its drain deadline passed before this request "
+    "finished; retry it (another replica will take it)"
+)
+
+
+def shutdown_event() -> bytes:
+    """The end of a stream cut by the drain deadline: an error event, then ``[DONE]``, so a
+    client knows the stream was cut rather than finished (or dropped bare)."""
+    return b"data: " + error_body(_SHUTDOWN_MESSAGE, SHUTDOWN, SHUTDOWN) + b"\n\ndata: [DONE]\n\n"
+
+
+def shutdown_error(retry_after_s: int) -> GatewayError:
+    """503 for a non-streamed request cut by the drain deadline."""
+    return GatewayError(
+        503,
+        _SHUTDOWN_MESSAGE,
+        kind=SHUTDOWN,
+        type_=SHUTDOWN,
+        code=SHUTDOWN,
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def draining_error(retry_after_s: int) -> GatewayError:
+    """503 for a request that arrives (on a kept-alive connection) while the gateway drains."""
+    return GatewayError(
+        503,
+        "the gateway is shutting down and takes no new requests; retry on another replica",
+        kind="draining",
+        type_=SERVER_ERROR,
+        code="server_shutting_down",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
 def bad_request(message: str, param: str | None = None) -> GatewayError:
     return GatewayError(400, message, kind="bad_request", param=param)
 

@@ -397,5 +397,10 @@ class Connection(ConnectionErrors, asyncio.Protocol):
     def task(self) -> asyncio.Task[None] | None:
         return self._task
 
+    @property
+    def num_pending(self) -> int:
+        """Requests waiting behind the running one (pipelined)."""
+        return sum(1 for item in self._pending if not isinstance(item, bytes))
+
 
 __all__ = ["Connection"]

@@ -87,13 +87,29 @@ class HttpServer:
         )
         return [(sock.getsockname()[0], sock.getsockname()[1]) for sock in self._server.sockets]
 
+    def stop_accepting(self) -> None:
+        """Closes the listening sockets (new connections are refused) and marks the server
+        closing: every response from now on says ``connection: close`` and its connection
+        closes after it. Open connections stay, idle ones included, so a request already on
+        its way is answered (by the handler) rather than reset; :meth:`close` ends them."""
+        self.is_closing = True
+        if self._server is not None:
+            self._server.close()
+
+    def handler_tasks(self) -> list[asyncio.Task[None]]:
+        """The handler tasks running now, one per busy connection (O(connections))."""
+        return [conn.task for conn in self.connections if conn.task is not None]
+
+    @property
+    def num_pending_requests(self) -> int:
+        """Requests read but not started: pipelined behind a running one (O(connections))."""
+        return sum(conn.num_pending for conn in self.connections)
+
     async def close(self, grace_s: float = 5.0) -> None:
         """Stops accepting, closes idle connections, waits up to ``grace_s`` for in-flight
         handlers (their responses say ``connection: close``), then closes every connection;
         handlers still running then are cancelled as their connections go."""
-        self.is_closing = True
-        if self._server is not None:
-            self._server.close()
+        self.stop_accepting()
         for conn in list(self.connections):
             if conn.task is None:
                 conn.close()

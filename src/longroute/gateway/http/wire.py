@@ -224,6 +224,11 @@ class ResponseStream:
         return self._is_started
 
     @property
+    def is_ended(self) -> bool:
+        """True once the terminating chunk was written (or the stream aborted)."""
+        return self._is_ended
+
+    @property
     def is_closed(self) -> bool:
         """True once the client connection is gone (closed by either side)."""
         return self._conn.is_closed
