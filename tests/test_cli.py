@@ -366,12 +366,12 @@ def test_list_names_scenarios_routers_and_profiles() -> None:
 
     result = _simulate("--list")
     assert result.exit_code == 0, result.output
-    text = result.output
-    sections = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            sections[key.strip()] = {v.strip() for v in value.split(",")}
+    sections: dict[str, set[str]] = {}  # "title:", then "  name  description" lines
+    for line in result.output.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            names = sections.setdefault(line[:-1], set())
+        elif line.strip():
+            names.add(line.split()[0])
     assert set(builtin_scenario_names()) <= sections["scenarios"]
     # laar, chimera and ltr are listed, though they run only in scenarios with a capability
     # or workflow_predictors section; the oracles are listed and run only when named
