@@ -425,6 +425,7 @@ def test_cli_json_compare_and_report(fake: FakeServer, fake_b: FakeServer, tmp_p
     assert ratio == pytest.approx(b / a)
     for name in ("summary.json", "requests.csv", "ttft_cdf.png", "e2e_cdf.png"):
         assert (out / name).stat().st_size > 0
+    assert f"report: {out}" in result.stderr  # where it went: stderr, also under --json
 
 
 def test_cli_table_shows_both_targets_and_ratios(fake: FakeServer, fake_b: FakeServer) -> None:

@@ -175,3 +175,27 @@ def test_registry_describe_prefers_the_registered_description_then_the_docstring
     assert registry.describe("told") == "Said at registration"
     assert registry.describe("documented") == "First paragraph, marked up, on two lines."
     assert registry.describe("bare") == ""  # never a base class's docstring
+
+
+# --- 4. report paths on stderr ---------------------------------------------------------------
+
+
+SEEDED = ("--seeds", "0-1", "--jobs", "1", "--routers", "least-load,random")
+REPORTING = {
+    "simulate": ("simulate", "--routers", "least-load"),
+    "simulate --seeds": ("simulate", *SEEDED),
+    "sweep": ("sweep", *SEEDED),
+}
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["tables", "json"])
+@pytest.mark.parametrize("verb", list(REPORTING))
+def test_report_paths_go_to_stderr_never_stdout(tmp_path: Path, verb: str, as_json: bool) -> None:
+    out = tmp_path / "report-folder"
+    args = [*REPORTING[verb], "--scenario", _scenario(tmp_path), "--out", out]
+    result = _invoke(*args, *(["--json"] if as_json else []))
+    assert result.exit_code == 0, result.output
+    assert f"report: {out}" in result.stderr
+    assert str(out) not in result.stdout
+    if as_json:
+        assert isinstance(json.loads(result.stdout), dict)  # stdout holds the object alone

@@ -47,12 +47,17 @@ def test_tune_then_simulate_with_the_frozen_weights(tmp_path: Path) -> None:
         payload["tuned_on"]["num_steps"] + 1
     )
     assert (tmp_path / "t" / "tuner.png").stat().st_size > 1000
+    # where the files went: on stderr, also under --json (stdout holds the object alone)
+    assert f"frozen weights: {weights}" in tuned.stderr
+    assert f"report: {tmp_path / 't'}" in tuned.stderr
     simulated = runner.invoke(
         app,
         ["simulate", "--scenario", str(scenario), "--weights", str(weights), "--json",
-         "--routers", "gorgo,prefix-cache", "--no-report"],
+         "--routers", "gorgo,prefix-cache", "--out", str(tmp_path / "s")],
     )  # fmt: skip
     assert simulated.exit_code == 0, simulated.output
+    assert f"report: {tmp_path / 's'} (one folder per window)" in simulated.stderr
+    assert (tmp_path / "s" / "half" / "summary.json").is_file()
     result = json.loads(simulated.stdout)
     assert result["weights"] == frozen.weights
     assert result["reference_router"] == "gorgo"

@@ -229,9 +229,9 @@ def simulate(
         print_tables(console, summary_tables(summaries, title=escape(title), ttca=ttca))
         print_tables(console, setting_tables(ttca) if ttca else [])
     if not no_report:  # on stderr under --json, so a script still learns where it went
-        Console(stderr=True, soft_wrap=True).print(
-            f"report: {folder} ({len(paths)} files)", highlight=False
-        )
+        from longroute.cli_output import print_report_path
+
+        print_report_path(f"report: {folder} ({len(paths)} files)")
 
 
 def _report_name(scenario: str, trace: Path | None) -> str:

@@ -21,12 +21,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from longroute.cli_output import print_report_path
 from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
 if TYPE_CHECKING:
     from longroute.config import ScenarioConfig
     from longroute.metrics.records import RunObserver
+    from longroute.metrics.window_report import WindowSummary
     from longroute.routing import Router
     from longroute.sim.scenario import PrepareRouter
     from longroute.sim.tune import TuneOptions, TuneRun
@@ -130,10 +132,12 @@ def tune_command(
     }
     if json_output:
         sys.stdout.write(json.dumps(payload, sort_keys=True, allow_nan=False) + "\n")
-        return
-    console.print(tuning_summary(run.frozen, run.trajectory))
-    print_tables(console, [tuning_table(run.frozen, run.trajectory)])
-    console.print(f"frozen weights: {output}" + (f"; trajectory: {out}" if out else ""))
+    else:
+        console.print(tuning_summary(run.frozen, run.trajectory))
+        print_tables(console, [tuning_table(run.frozen, run.trajectory)])
+    print_report_path(f"frozen weights: {output}")  # stderr, also under --json
+    if out is not None:
+        print_report_path(f"report: {out} (trajectory.csv, tuner.png)")
 
 
 def _tune_with_progress(config: ScenarioConfig, options: TuneOptions, seed: int | None) -> TuneRun:
@@ -194,9 +198,7 @@ def simulate_windows(
     """Every window x router; Table 1 on the console (or JSON), a report folder per window."""
     from longroute.metrics.report import write_report
     from longroute.metrics.summary import summarize
-    from longroute.metrics.tables import print_tables
     from longroute.metrics.window_report import WindowSummary, windows_json
-    from longroute.metrics.window_tables import comparison_tables, window_tables
     from longroute.progress import progress_bar
     from longroute.sim.windows import run_windows, windows_of
 
@@ -252,10 +254,25 @@ def simulate_windows(
     if json_output:
         text = windows_json(config.name, seed_used, windows, reference=reference, weights=weights)
         sys.stdout.write(text + "\n")
-        return
-    console.print(
-        f"[bold]{escape(config.name)}[/] (seed {seed_used}): {_weights_line(config, frozen)}"
-    )
+    else:
+        _print_windows(console, config, frozen, windows, reference, seed_used)
+    if out is not None:  # stderr, also under --json
+        print_report_path(f"report: {out} (one folder per window)")
+
+
+def _print_windows(
+    console: Console,
+    config: ScenarioConfig,
+    frozen: FrozenWeights | None,
+    windows: list[WindowSummary],
+    reference: str,
+    seed: int,
+) -> None:
+    """Table 1: a table per window, then each window against its baseline window."""
+    from longroute.metrics.tables import print_tables
+    from longroute.metrics.window_tables import comparison_tables, window_tables
+
+    console.print(f"[bold]{escape(config.name)}[/] (seed {seed}): {_weights_line(config, frozen)}")
     is_tuned = config.tuning is not None and frozen is not None
     print_tables(console, window_tables(windows, reference=reference, is_tuned=is_tuned))
     compared = comparison_tables(windows)
@@ -263,8 +280,6 @@ def simulate_windows(
         console.print()
         console.print(f"[bold]{escape(config.name)}[/]: each window against its baseline window")
     print_tables(console, compared)
-    if out is not None:
-        console.print(f"report: {out} (one folder per window)")
 
 
 def _weights_line(config: ScenarioConfig, frozen: FrozenWeights | None) -> str:

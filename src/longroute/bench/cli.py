@@ -222,8 +222,10 @@ def bench_command(
         from longroute.metrics.tables import result_console
 
         print_result(result_console(), result)
-    if out is not None:
-        err.print(f"report: {out}", highlight=False)
+    if out is not None:  # stderr, also under --json
+        from longroute.cli_output import print_report_path
+
+        print_report_path(f"report: {out}")
     too_many = {k: v for k, v in failure_shares(result).items() if v > max_failed}
     if too_many:
         shares = ", ".join(f"{escape(k)} {v:.0%}" for k, v in too_many.items())

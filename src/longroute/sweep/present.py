@@ -39,6 +39,7 @@ def run_and_report(
     grid: Grid, executor: Executor, *, out: Path | None, json_output: bool, fresh: bool
 ) -> None:
     """Run the grid with a progress bar, then print and write the report; exits 1 on failures."""
+    from longroute.cli_output import print_report_path
     from longroute.metrics.tables import print_tables, result_console
     from longroute.progress import progress_bar
     from longroute.sweep.cache import CellCache
@@ -88,8 +89,8 @@ def run_and_report(
             f"({run.num_computed} run on {run.executor}, {run.num_cached} cached), seeds {seeds}"
         )
         print_tables(console, sweep_tables(run, stats))
-        if paths:
-            console.print(f"report: {out} ({', '.join(p.name for p in paths)})")
+    if paths:  # stderr, also under --json
+        print_report_path(f"report: {out} ({', '.join(p.name for p in paths)})")
     if run.num_failed:
         err.print(f"[bold red]{run.num_failed} cell(s) failed[/] (left out of the statistics):")
         for cell, error in run.failures()[:_MAX_FAILURES_SHOWN]:
