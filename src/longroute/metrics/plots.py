@@ -5,7 +5,8 @@ module has no side effects and the global matplotlib backend is left alone.
 PNGs are written without a "Software" entry, so equal inputs give equal files.
 Each figure has a ``*_figure`` builder (what the tests inspect) and a
 ``*_plot`` that writes it. Legends sit outside the axes, so they never hide
-data.
+data. Each router is drawn in its own style (:mod:`.router_styles`), the same
+in every figure.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from longroute.metrics.records import RequestRecord
+from longroute.metrics.router_styles import router_styles
 from longroute.metrics.summary import requests_per_endpoint
 
 if TYPE_CHECKING:
@@ -70,17 +72,27 @@ def cdf_figure(
     fig = new_figure(9.0, 5.0)
     ax = fig.add_subplot()
     has_data = False
+    styles = router_styles(records_by_router)
     for router, records in records_by_router.items():
+        look = styles[router]
+        color, linestyle, linewidth = look.color, look.linestyle, look.linewidth
         values = np.sort(np.fromiter(map(latency_s, records), dtype=np.float64))
         if values.size == 0:
-            ax.plot([], [], label=f"{router} (no data)")
+            ax.plot(
+                [], [], label=f"{router} (no data)", color=color, linestyle=linestyle,
+                linewidth=linewidth,
+            )  # fmt: skip
             continue
         has_data = True
         ranks = np.arange(1, values.size + 1, dtype=np.float64)
         if values.size > CDF_MAX_POINTS:  # thin out; keeps min, max and every 1/k-th rank
             keep = np.unique(np.linspace(0, values.size - 1, CDF_MAX_POINTS).round().astype(int))
             values, ranks = values[keep], ranks[keep]
-        ax.step(values, ranks / ranks[-1], where="post", label=f"{router} (n={int(ranks[-1])})")
+        label = f"{router} (n={int(ranks[-1])})"
+        ax.step(
+            values, ranks / ranks[-1], where="post", label=label, color=color,
+            linestyle=linestyle, linewidth=linewidth,
+        )  # fmt: skip
     if has_data:
         ax.set_xscale("log")
         plain_log_ticks(ax)
@@ -116,10 +128,15 @@ def endpoint_figure(
     ax = fig.add_subplot()
     bar_width = 0.8 / num_routers
     positions = list(range(len(endpoints)))
+    styles = router_styles(counts)
     for i, (router, per) in enumerate(counts.items()):
         offset = (i - (num_routers - 1) / 2.0) * bar_width
         heights = [per.get(name, 0) for name in endpoints]
-        ax.bar([p + offset for p in positions], heights, width=bar_width, label=router)
+        look = styles[router]
+        ax.bar(
+            [p + offset for p in positions], heights, width=bar_width, label=router,
+            color=look.color, hatch=look.hatch or None, edgecolor="0.25", linewidth=0.3,
+        )  # fmt: skip
     is_crowded = len(endpoints) > 6
     ax.set_xticks(
         positions,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from longroute.features.length import bucket_label
 from longroute.metrics.plots import new_figure, save_png
 from longroute.metrics.records import RequestRecord
+from longroute.metrics.router_styles import router_styles
 from longroute.metrics.ttca import QueryTtca, group_queries, ttca_of
 from longroute.metrics.ttca_report import TtcaMap, _language_name, _settings, comparisons
 
@@ -59,12 +60,17 @@ def success_figure(
     buckets = sorted({b for per in grouped.values() for b in per})
     fig = new_figure(max(3.6 * len(buckets) + 2.0, 7.0), 4.2)
     axes = fig.subplots(1, max(len(buckets), 1), squeeze=False, sharey=True)[0]
+    styles = router_styles(grouped)
     for ax, bucket in zip(axes, buckets, strict=False):
-        for i, (router, per_bucket) in enumerate(grouped.items()):
+        for router, per_bucket in grouped.items():
             queries = per_bucket.get(bucket)
             if queries:
                 xs, ys = _curve(queries, ttca[router].max_attempts)
-                ax.plot(xs, ys, marker="o", markersize=3, color=f"C{i}", label=router)
+                look = styles[router]
+                ax.plot(
+                    xs, ys, marker="o", markersize=3, color=look.color,
+                    linestyle=look.linestyle, linewidth=look.linewidth, label=router,
+                )  # fmt: skip
         ax.set_title(f"{bucket_label(bucket)} context")
         ax.set_xlabel("mean TTCA of the first k attempts (s)")
         ax.set_ylim(0.0, 1.02)
