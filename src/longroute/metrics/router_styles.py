@@ -8,7 +8,7 @@ with dashed lines, then dark dotted and light dash-dotted, so the first 40 are
 pairwise distinct in (colour, line style) and in (colour, hatch). A router
 keeps its style whatever else is plotted beside it, across figures, reports
 and runs. New routers are appended to :data:`ROUTER_ORDER`, never inserted
-(tests/test_plots.py checks every registered router is there); names not in it
+(tests/test_router_styles.py checks every registered router is there); names not in it
 (bench targets, engine variants' labels, a benchmark's own router) take, in
 sorted order, the first places that no router of the same figure holds.
 """
