@@ -199,3 +199,24 @@ def test_report_paths_go_to_stderr_never_stdout(tmp_path: Path, verb: str, as_js
     assert str(out) not in result.stdout
     if as_json:
         assert isinstance(json.loads(result.stdout), dict)  # stdout holds the object alone
+
+
+# --- 6. long warnings wrap (errors naming a file do not: tests/test_cli.py) -----------------
+
+
+def test_a_long_warning_wraps_to_the_terminal_under_its_label(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from longroute.run_warnings import warn_results
+
+    monkeypatch.setenv("COLUMNS", "60")
+    reason = "request r-17 needs 200000 prompt tokens, more than any endpoint's context window"
+    rejected = SimpleNamespace(records=[], num_rejected=3, rejections=[reason], num_failovers=0)
+    assert warn_results({"least-load": rejected}) == 1
+    lines = capsys.readouterr().err.rstrip("\n").splitlines()
+    assert len(lines) > 2 and all(len(line) <= 60 for line in lines), lines
+    assert lines[0].startswith("warning: least-load: 3 request(s) rejected")
+    assert all(line.startswith(" " * len("warning: ")) for line in lines[1:])
+    assert " ".join(" ".join(lines).split()).endswith(reason)  # every word kept, in order

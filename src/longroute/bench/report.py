@@ -16,6 +16,7 @@ from rich.table import Table
 
 from longroute.bench.options import BenchResult, RequestError
 from longroute.bench.summary import RATIO_KEYS, compare_ratios
+from longroute.cli_output import print_warning
 from longroute.metrics.report import write_report
 from longroute.metrics.summary_tables import summary_tables
 from longroute.metrics.tables import (
@@ -92,9 +93,8 @@ def _error_line(label: str, errors: tuple[RequestError, ...]) -> str:
     status = "no response" if example.status is None else f"HTTP {example.status}"
     hint = "; the target wants a key: --api-key" if example.status in (401, 403) else ""
     return (
-        f"[yellow]warning:[/] {escape(label)}: {len(errors)} request(s) failed "
-        f"(num_errors in the summary), e.g. {escape(example.request_id)}: {status}: "
-        f"{escape(example.message)}{hint}"
+        f"{label}: {len(errors)} request(s) failed (num_errors in the summary), "
+        f"e.g. {example.request_id}: {status}: {example.message}{hint}"
     )
 
 
@@ -108,16 +108,16 @@ def failure_shares(result: BenchResult) -> dict[str, float]:
 
 
 def print_warnings(console: Console, result: BenchResult, *, duration_s: float | None) -> None:
-    """Failed requests, and a workload that ran out before ``duration_s``, said on ``console``."""
+    """Failed requests, and a workload that ran out before ``duration_s``, said on ``console``
+    (wrapped to its width: :func:`longroute.cli_output.print_warning`)."""
     for label, res in result.targets.items():
         if res.errors:
-            console.print(_error_line(label, res.errors), highlight=False)
+            print_warning(console, _error_line(label, res.errors))
         if duration_s is not None and res.is_workload_exhausted and res.wall_s < duration_s:
-            console.print(
-                f"[yellow]warning:[/] {escape(label)}: the workload ran out after "
-                f"{res.wall_s:.1f} s, before the {duration_s:g} s asked for; "
-                "give more sessions (--num-sessions)",
-                highlight=False,
+            print_warning(
+                console,
+                f"{label}: the workload ran out after {res.wall_s:.1f} s, before the "
+                f"{duration_s:g} s asked for; give more sessions (--num-sessions)",
             )
 
 
