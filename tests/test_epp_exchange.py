@@ -162,7 +162,8 @@ def test_streamed_response_first_token_and_completion(picker: EndpointPicker) ->
     (echo,) = ex.on_message(response_body(events[0], end_of_stream=False))
     streamed = echo.response_body.response.body_mutation.streamed_response
     assert (streamed.body, streamed.end_of_stream) == (events[0], False)
-    assert counter(picker, "longroute_ttft_seconds_count") == 1
+    model = picker.backends[name].model
+    assert counter(picker, "longroute_ttft_seconds_count", model=model, endpoint=name) == 1
     assert inflight(picker)[name] == 1
     usage = b'data: {"usage": {"prompt_tokens": 100, '
     usage += b'"prompt_tokens_details": {"cached_tokens": 64}}}\n\n'

@@ -55,6 +55,7 @@ class FakeBackend:
     model: str = MODEL
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth_headers: list[str | None] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # of each completion request
     num_health_checks: int = 0
 
     def app(self) -> web.Application:
@@ -76,6 +77,7 @@ class FakeBackend:
         body = await request.json()
         self.bodies.append(body)
         self.auth_headers.append(request.headers.get("Authorization"))
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
         knobs = self.knobs
         if knobs.is_hanging:
             await asyncio.sleep(3600)

@@ -72,7 +72,7 @@ def test_language_is_detected_only_for_routers_that_read_it() -> None:
     assert not ROUTERS.build("round-robin", {}).needs_language
     gateway_config = parse_gateway_config({**config, "router": {"name": "round-robin"}}, "f.yaml")
     gateway = Gateway(gateway_config, GatewaySecrets({}, None))
-    assert not gateway.requests.is_detecting_language
+    assert not gateway.wiring.requests.is_detecting_language
 
 
 @pytest.mark.parametrize("language", KV_LANGUAGES)
@@ -133,7 +133,7 @@ async def test_routers_see_language_and_task_through_the_gateway() -> None:
     async with running_fleet(a, default_task="summarise") as fleet:
         recorder = RecordingRouter(fleet.gateway.admission.router)
         fleet.gateway.admission.router = recorder
-        fleet.gateway.requests.is_detecting_language = recorder.needs_language
+        fleet.gateway.wiring.requests.is_detecting_language = recorder.needs_language
         prompt = build_kv_prompt(1, 4096, Language.CJK)
         body = {"model": MODEL, "messages": [{"role": "user", "content": prompt.text}]}
         raw = json.dumps(body).encode()

@@ -373,7 +373,7 @@ def test_a_chimera_gateway_builds_from_fitted_files(files: PredictorFiles) -> No
     gateway = Gateway(
         _config({"name": "chimera", "params": _chimera_params(files)}), GatewaySecrets({}, None)
     )
-    assert gateway.router.name == "chimera" and gateway.requests.is_reading_text
+    assert gateway.router.name == "chimera" and gateway.wiring.requests.is_reading_text
 
 
 def test_predictor_file_problems_are_clear_startup_errors(

@@ -214,7 +214,9 @@ class EndpointPicker:
             return
         pick.has_first_byte = True
         self.admission.first_byte(pick.grant.request, pick.grant.endpoint)
-        self.metrics.ttft.observe(time.monotonic() - pick.started_s)
+        endpoint = pick.grant.endpoint
+        model = self.backends[endpoint].model
+        self.metrics.observe_ttft(model, endpoint, time.monotonic() - pick.started_s)
 
     def observe_body(self, pick: Pick, chunk: bytes) -> None:
         """Keeps the last USAGE_TAIL_BYTES of the response (its usage is at the end)."""
@@ -239,7 +241,8 @@ class EndpointPicker:
         if status is None:
             self.metrics.errors.labels("client_disconnect").inc()
         elif is_ok:
-            self.metrics.e2e.observe(time.monotonic() - pick.started_s)
+            model = self.backends[endpoint].model
+            self.metrics.observe_e2e(model, endpoint, time.monotonic() - pick.started_s)
             self._count_usage(endpoint, bytes(pick.tail))
 
     def _count_usage(self, endpoint: str, tail: bytes) -> None:

@@ -1,22 +1,25 @@
-"""The gateway application: wiring, request handlers and background tasks.
+"""The gateway application: long-lived state, request dispatch and background tasks.
 
-``Gateway(config, secrets)`` builds everything that needs no event loop
-(router by registry name, FleetView, admission, metrics, health, one
-upstream pool per backend). :meth:`Gateway.start` opens the HTTP server
-(:mod:`longroute.gateway.http.server`) and the background loops (health
-checks, RTT probes, engine scraping, on an ``aiohttp.ClientSession`` of their
-own); :meth:`Gateway.stop` ends them. :func:`serve_gateway` does both around a
-``with`` block.
+``Gateway(config, secrets)`` builds everything that needs no event loop: the
+:class:`~longroute.gateway.wiring.Wiring` of its config (backends, router, model
+map, request builder, keys) and the state that outlives a reload (fleet view,
+admission, metrics, health, one upstream pool per backend, request ids and the
+request sinks). :meth:`Gateway.start` opens the HTTP server
+(:mod:`longroute.gateway.http.server`) and the background loops (health checks,
+RTT probes, engine scraping on an ``aiohttp.ClientSession`` of their own, the
+access log's flushes); :meth:`Gateway.stop` drains and ends them.
+:func:`serve_gateway` does both around a ``with`` block. Completions are served by
+:mod:`longroute.gateway.completions`, the drain by :mod:`longroute.gateway.lifecycle`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,34 +27,30 @@ from typing import Any
 import aiohttp
 
 from longroute.clock import WallClock
+from longroute.gateway.access_log import AccessLog
 from longroute.gateway.admission import Admission
-from longroute.gateway.backends import build_backends
+from longroute.gateway.backends import Backend
+from longroute.gateway.completions import CompletionHandler, check_content_type
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
-from longroute.gateway.errors import (
-    SERVER_ERROR,
-    GatewayError,
-    bad_request,
-    draining_error,
-    shutdown_error,
-)
+from longroute.gateway.errors import GatewayError, draining_error
 from longroute.gateway.health import HealthMonitor
-from longroute.gateway.http.server import Handler, HttpServer, ResponseStream
+from longroute.gateway.http.server import HttpServer, ResponseStream
 from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse
-from longroute.gateway.intake import ContextReuse, Job, RequestBuilder, authorize
-from longroute.gateway.lifecycle import Drain, DrainReport, end_cut_stream
+from longroute.gateway.intake import authorize
+from longroute.gateway.lifecycle import Drain, DrainReport
 from longroute.gateway.metrics import GatewayMetrics
-from longroute.gateway.parse import ROUTES, parse_body
-from longroute.gateway.priority import BackendPriorities, without_client_priority
+from longroute.gateway.observe import (
+    REQUEST_ID_HEADER,
+    RequestIds,
+    RequestObserver,
+    RequestSink,
+    Tracing,
+)
+from longroute.gateway.parse import ROUTES
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter
-from longroute.gateway.wiring import (
-    build_fleet,
-    build_redactor,
-    build_router,
-    model_map,
-    models_body,
-    monitors,
-)
+from longroute.gateway.wiring import Wiring, build_fleet, monitors
+from longroute.routing.base import Router
 
 log = logging.getLogger("longroute.gateway")
 
@@ -60,8 +59,6 @@ log = logging.getLogger("longroute.gateway")
 STOP_GRACE_S = 5.0
 # what a draining gateway still answers on a kept-alive connection (the rest: 503)
 _OPS_PATHS = frozenset({"/health", "/ready", "/metrics", "/admin/fleet"})
-# the status counted for a request whose client left before its answer (nginx's 499)
-CLIENT_CLOSED_STATUS = 499
 # the server's own rejections (its error code) -> longroute_errors_total{kind}
 _REJECT_KINDS = {
     "request_too_large": "body_too_large",
@@ -70,54 +67,53 @@ _REJECT_KINDS = {
     "request_timeout": "head_timeout",
 }
 
+RouteHandler = Callable[[HttpRequest, ResponseStream, str], Awaitable[HttpResponse | None]]
+"""A gateway route: the request, its response stream and its request id."""
+
 
 class Gateway:
     """Everything one gateway process owns; handlers are its methods."""
 
     def __init__(self, config: GatewayConfig, secrets: GatewaySecrets) -> None:
-        self.config = config
         self.clock = WallClock()
-        self.backends = build_backends(config, secrets.backend_api_keys)
-        self.client_api_keys = secrets.client_api_keys
-        self.redactor = build_redactor(secrets, self.backends)
-        # every gateway log record is redacted and kept on one line (see redact.py)
-        self.log_filter = RedactingFilter(self.redactor)
-        self.router = build_router(config, self.backends)
-        self.fleet = build_fleet(config, self.backends, self.router)
+        self.ids = RequestIds()
+        self._request_numbers = itertools.count(1)  # internal ids: never restart (reloads)
         self.metrics = GatewayMetrics(
-            self.fleet,
+            None,
             lambda: self.admission.num_waiting,
-            calibration=getattr(self.router, "calibration", None),
             is_healthy=lambda name: self.health.is_ready(name),
         )
+        self.wiring = Wiring(config, secrets, self.metrics, self.clock, self._request_numbers)
+        wiring = self.wiring
+        # every gateway log record is redacted and kept on one line (see redact.py)
+        self.log_filter = RedactingFilter(wiring.redactor)
+        self.fleet = build_fleet(config, wiring.backends, wiring.router)
+        self.metrics.watch(self.fleet, calibration=getattr(wiring.router, "calibration", None))
         self.admission = Admission(
             self.fleet,
-            self.router,
-            {b.name: b.max_concurrency for b in self.backends.values()},
+            wiring.router,
+            {b.name: b.max_concurrency for b in wiring.backends.values()},
             max_queue=config.admission.max_queue,
             queue_policy=config.admission.queue_policy,
             queue_policy_params=config.admission.queue_policy_params,
             clock=self.clock,
             observe_decision_s=self.metrics.decision.observe,
         )
-        self.health = HealthMonitor(self.backends, config.health, self.clock, self._health_changed)
+        self.health = HealthMonitor(
+            wiring.backends, config.health, self.clock, self._health_changed
+        )
+        self.tracing = Tracing()
         self.proxy = Proxy(
-            self.backends,
+            wiring,
             self.admission,
             self.health,
             self.metrics,
-            config.admission,
+            self.tracing,
             keepalive_s=config.backend_keepalive_s,
-            redactor=self.redactor,
-            priorities=BackendPriorities(config, self.clock),
         )
-        self.rtt, self.scraper = monitors(config, self.backends, self.fleet, self.clock)
-        self.served_models = frozenset(b.model for b in self.backends.values())
-        self.models = model_map(config, self.backends)
-        self._models_body = models_body(self.models)
-        self.requests = RequestBuilder.for_router(config, self.clock, self.router)
-        reuse = config.context_reuse
-        self.context = ContextReuse(reuse, self.metrics) if reuse.enabled else None
+        self.rtt, self.scraper = monitors(config, wiring.backends, self.fleet, self.clock)
+        self.access_log = self._access_log(config)
+        self.observer = RequestObserver(self._sinks())
         self.background_tasks: list[asyncio.Task[None]] = []
         self.routes = self._route_table()
         self._server: HttpServer | None = None
@@ -125,9 +121,46 @@ class Gateway:
         self.drain = Drain()
         self._drain_report: DrainReport | None = None
 
-    def _route_table(self) -> dict[tuple[str, str], Handler]:
-        routes: dict[tuple[str, str], Handler] = {
-            ("POST", route): self.completion_handler(route) for route in ROUTES
+    # ---- the wiring in force (read per request) ---------------------------------
+    @property
+    def config(self) -> GatewayConfig:
+        return self.wiring.config
+
+    @property
+    def backends(self) -> dict[str, Backend]:
+        return self.wiring.backends
+
+    @property
+    def router(self) -> Router:
+        return self.wiring.router
+
+    @property
+    def redactor(self) -> Any:
+        return self.wiring.redactor
+
+    def _access_log(self, config: GatewayConfig) -> AccessLog | None:
+        spec = config.access_log
+        if spec is None:
+            return None
+        return AccessLog(
+            spec.path,
+            self.wiring.redactor,
+            lambda: self.wiring.router.name,
+            own_id_prefix=self.ids.prefix,
+            flush_interval_s=spec.flush_interval_s,
+        )
+
+    def _sinks(self) -> list[RequestSink]:
+        sinks: list[RequestSink] = [self.tracing]
+        if self.config.usage_metrics:
+            sinks.append(self.metrics.usage)
+        if self.access_log is not None:
+            sinks.append(self.access_log)
+        return sinks
+
+    def _route_table(self) -> dict[tuple[str, str], RouteHandler]:
+        routes: dict[tuple[str, str], RouteHandler] = {
+            ("POST", route): CompletionHandler(self, route) for route in ROUTES
         }
         routes[("GET", "/v1/models")] = self.handle_models
         routes[("GET", "/health")] = self.handle_health
@@ -140,7 +173,10 @@ class Gateway:
     async def dispatch(
         self, http_request: HttpRequest, stream: ResponseStream
     ) -> HttpResponse | None:
-        """The server's handler: one dict lookup, then the route's handler (else a 404)."""
+        """The server's handler: the request's id (on its response, whatever it is), one
+        dict lookup, then the route's handler (else a 404)."""
+        request_id = self.ids.take(http_request.headers.get(REQUEST_ID_HEADER))
+        stream.extra_head = b"x-request-id: %s\r\n" % request_id.encode("ascii")
         handler = self.routes.get((http_request.method, http_request.path))
         if handler is None:
             message = f"Invalid URL ({http_request.method} {http_request.path})"
@@ -149,104 +185,24 @@ class Gateway:
             self.drain.num_refused += 1
             self.metrics.errors.labels("draining").inc()
             return draining_error(self.config.admission.retry_after_s).response()
-        return await handler(http_request, stream)
+        return await handler(http_request, stream, request_id)
 
     def _health_changed(self, name: str, is_healthy: bool) -> None:
         self.fleet.set_health(name, is_healthy)
         self.admission.wake()
 
-    # ---- completions ---------------------------------------------------------
-    def completion_handler(self, route: str) -> Handler:
-        async def handle(http_request: HttpRequest, stream: ResponseStream) -> HttpResponse | None:
-            return await self.handle_completion(http_request, stream, route)
-
-        return handle
-
-    async def handle_completion(
-        self, http_request: HttpRequest, stream: ResponseStream, route: str
-    ) -> HttpResponse | None:
-        """A whole response, or None when the answer was streamed through ``stream``."""
-        started_s = time.monotonic()
-        model_label = endpoint = ""
-        response: HttpResponse | None
-        try:
-            authorize(http_request.headers, self.client_api_keys)
-            check_content_type(http_request.headers.get("content-type"))
-            raw = http_request.body
-            raw, parsed = without_client_priority(raw, parse_body(raw, route))
-            target = self.models.get(parsed.model)
-            if target is None:
-                raise _model_not_found(parsed.model)
-            model_label = parsed.model
-            if self.context is not None:  # requests with documents: plan and rewrite
-                raw, parsed = self.context.apply(raw, parsed, route, target)
-            job = Job(
-                route,
-                raw,
-                parsed,
-                self.requests.build(parsed, target, http_request.headers, route),
-                is_alias=parsed.model not in self.served_models,
-                started_s=started_s,
-                timeout_s=self.config.admission.request_timeout_s,
-            )
-            response, endpoint = await self.proxy.forward(stream, job)
-        except GatewayError as err:
-            self.metrics.errors.labels(err.kind).inc()
-            response = err.response()
-        except RecursionError:  # e.g. re-serialising a body nested as deep as the decoder allows
-            self.metrics.errors.labels("bad_request").inc()
-            response = bad_request("the body's JSON is nested too deeply").response()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or not self.drain.is_cut(task):
-                self._count_disconnect(route, model_label, endpoint)
-                raise
-            # the drain's deadline passed: end the request here (its backend connection
-            # was closed by the cancellation, so the engine aborts it)
-            task.uncancel()
-            self.metrics.errors.labels("server_shutdown").inc()
-            if stream.is_started:
-                await end_cut_stream(stream)
-                response = None
-            else:
-                response = shutdown_error(self.config.admission.retry_after_s).response()
-        except ConnectionResetError:
-            self._count_disconnect(route, model_label, endpoint)
-            raise
-        except Exception:  # a bug must still give the client an answer
-            log.exception("unexpected error while serving %s", route)
-            self.metrics.errors.labels("internal").inc()
-            response = GatewayError(
-                500,
-                "internal gateway error",
-                kind="internal",
-                type_=SERVER_ERROR,
-                code="internal_error",
-            ).response()
-        status = 200 if response is None else response.status
-        self.metrics.count_request(route, model_label, endpoint, status)
-        if status < 400:
-            self.metrics.e2e.observe(time.monotonic() - started_s)
-        return response
-
-    def _count_disconnect(self, route: str, model: str, endpoint: str) -> None:
-        """The client went away (the server cancels its handler, or a write found it gone):
-        its work stopped there, and the backend connection was dropped with it."""
-        self.metrics.errors.labels("client_disconnect").inc()
-        self.metrics.count_request(route, model, endpoint, CLIENT_CLOSED_STATUS)
-
     # ---- everything else -----------------------------------------------------
-    async def handle_models(self, http_request: HttpRequest, _: ResponseStream) -> HttpResponse:
+    async def handle_models(self, http_request: HttpRequest, _: ResponseStream, __: str) -> Any:
         try:
-            authorize(http_request.headers, self.client_api_keys)
+            authorize(http_request.headers, self.wiring.client_api_keys)
         except GatewayError as err:
             return err.response()
-        return HttpResponse(200, self._models_body)
+        return HttpResponse(200, self.wiring.models_body)
 
-    async def handle_health(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
+    async def handle_health(self, _: HttpRequest, __: ResponseStream, ___: str) -> Any:
         return HttpResponse(200, b'{"status": "ok"}')
 
-    async def handle_ready(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
+    async def handle_ready(self, _: HttpRequest, __: ResponseStream, ___: str) -> Any:
         if self.drain.is_draining:
             return HttpResponse(503, b'{"status": "draining"}', JSON_TYPE)
         healthy = self.health.ready_backends()
@@ -259,16 +215,16 @@ class Gateway:
             body["causes"] = self.redactor.client_text(self.health.causes())
         return HttpResponse(status, json.dumps(body).encode(), JSON_TYPE)
 
-    async def handle_metrics(self, _: HttpRequest, __: ResponseStream) -> HttpResponse:
+    async def handle_metrics(self, _: HttpRequest, __: ResponseStream, ___: str) -> Any:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return HttpResponse(200, self.metrics.render(), CONTENT_TYPE_LATEST)
 
     async def handle_admin_fleet(
-        self, http_request: HttpRequest, _: ResponseStream
-    ) -> HttpResponse:
+        self, http_request: HttpRequest, _: ResponseStream, __: str
+    ) -> Any:
         try:
-            authorize(http_request.headers, self.client_api_keys)
+            authorize(http_request.headers, self.wiring.client_api_keys)
         except GatewayError as err:
             return err.response()
         return HttpResponse(200, json.dumps(self.fleet_snapshot()).encode(), JSON_TYPE)
@@ -309,6 +265,8 @@ class Gateway:
         )
         loops = [self.health.run(self._session)]
         loops += [m.run(self._session) for m in (self.rtt, self.scraper) if m is not None]
+        if self.access_log is not None:
+            loops.append(self.access_log.run())
         self.background_tasks = [asyncio.create_task(loop) for loop in loops]
         limits = self.config.http
         self._server = HttpServer(
@@ -359,6 +317,8 @@ class Gateway:
             await self._session.close()
             self._session = None
         await self.proxy.close()
+        if self.access_log is not None:
+            self.access_log.close()
         log.removeFilter(self.log_filter)
 
 
@@ -393,32 +353,4 @@ async def serve_gateway(
         await gateway.stop()
 
 
-def check_content_type(content_type: str | None) -> None:
-    """A 415 unless the body is sent as JSON: ``application/json`` or ``application/*+json``
-    (parameters such as charset allowed); no Content-Type is taken as JSON, as FastAPI does."""
-    if content_type is None or content_type == JSON_TYPE:
-        return
-    media_type = content_type.partition(";")[0].strip().lower()
-    if media_type == JSON_TYPE or (
-        media_type.startswith("application/") and media_type.endswith("+json")
-    ):
-        return
-    raise GatewayError(
-        415,
-        f"the body must be sent as {JSON_TYPE}, not {content_type[:64]!r}",
-        kind="unsupported_media_type",
-        code="unsupported_media_type",
-    )
-
-
-def _model_not_found(model: str) -> GatewayError:
-    return GatewayError(
-        404,
-        f"The model `{model}` does not exist or is not served here.",
-        kind="model_not_found",
-        code="model_not_found",
-        param="model",
-    )
-
-
-__all__ = ["Gateway", "RunningGateway", "serve_gateway"]
+__all__ = ["Gateway", "RunningGateway", "check_content_type", "serve_gateway"]

@@ -251,6 +251,20 @@ class ShutdownConfig(_Model):
     )
 
 
+class AccessLogConfig(_Model):
+    """One JSON line per request (fields: docs/operations.md); off unless configured."""
+
+    path: str = Field(
+        "-",
+        min_length=1,
+        description="Where the lines go: '-' for stdout (the gateway's own log goes to "
+        "stderr), else a file, appended to and opened again on each reload (logrotate).",
+    )
+    flush_interval_s: float = Field(
+        1.0, gt=0, le=60, description="Lines are buffered and written at least this often."
+    )
+
+
 class ContextReuseConfig(_Model):
     """Context reuse for requests that carry ``documents`` (see docs/gateway.md)."""
 
@@ -286,6 +300,14 @@ class GatewayConfig(_Model):
     health: HealthConfig = Field(default_factory=lambda: HealthConfig())
     http: HttpConfig = Field(default_factory=lambda: HttpConfig())
     shutdown: ShutdownConfig = Field(default_factory=lambda: ShutdownConfig())
+    access_log: AccessLogConfig | None = Field(
+        None, description="The access log (one JSON line per request); None: off."
+    )
+    usage_metrics: bool = Field(
+        True,
+        description="Count prompt, cached and completion tokens per model and backend "
+        "(longroute_*_tokens_total), from each answer's usage.",
+    )
     rtt_probe_interval_s: float | None = Field(
         5.0, gt=0, description="Seconds between RTT probes (None = off)."
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from longroute.clock import Clock
@@ -28,6 +28,7 @@ from longroute.gateway.backends import Backend
 from longroute.gateway.config import GatewayConfig
 from longroute.gateway.context_reuse import ContextReuse, ModelContext
 from longroute.gateway.errors import GatewayError, bad_request
+from longroute.gateway.observe import RequestTrace
 from longroute.gateway.parse import MAX_MODEL_CHARS, ROUTE_CHAT, ParsedBody
 from longroute.gateway.priority import ttft_slo
 from longroute.gateway.prompt import text_features, token_features
@@ -54,6 +55,7 @@ class Job:
         "request",
         "route",
         "started_s",
+        "trace",
     )
 
     def __init__(
@@ -62,6 +64,7 @@ class Job:
         raw: bytes,
         parsed: ParsedBody,
         request: Request,
+        trace: RequestTrace,
         *,
         is_alias: bool,
         started_s: float,
@@ -71,6 +74,7 @@ class Job:
         self.raw = raw
         self.parsed = parsed
         self.request = request
+        self.trace = trace
         self.is_alias = is_alias
         self.started_s = started_s
         self.deadline_s = started_s + timeout_s
@@ -93,19 +97,22 @@ class Job:
         return self.deadline_s - time.monotonic()
 
 
-def authorize(headers: Mapping[str, str], keys: frozenset[str] | None) -> None:
-    """Raises a 401 unless ``keys`` is None (open) or the bearer token is one of them."""
+def authorize(headers: Mapping[str, str], keys: frozenset[str] | None) -> str | None:
+    """The client's key: raises a 401 unless ``keys`` is None (open: returns None) or the
+    bearer token is one of them (returns it)."""
     if keys is None:
-        return
+        return None
     scheme, _, key = headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or key.strip() not in keys:
-        raise GatewayError(
-            401,
-            "Incorrect or missing API key (Authorization: Bearer ...)",
-            kind="auth",
-            code="invalid_api_key",
-            headers={"www-authenticate": 'Bearer realm="longroute"'},  # RFC 9110 §11.6.1
-        )
+    key = key.strip()
+    if scheme.lower() == "bearer" and key in keys:
+        return key
+    raise GatewayError(
+        401,
+        "Incorrect or missing API key (Authorization: Bearer ...)",
+        kind="auth",
+        code="invalid_api_key",
+        headers={"www-authenticate": 'Bearer realm="longroute"'},  # RFC 9110 §11.6.1
+    )
 
 
 class RequestBuilder:
@@ -120,7 +127,13 @@ class RequestBuilder:
     """
 
     @classmethod
-    def for_router(cls, config: GatewayConfig, clock: Clock, router: Any) -> RequestBuilder:
+    def for_router(
+        cls,
+        config: GatewayConfig,
+        clock: Clock,
+        router: Any,
+        numbers: Iterator[int] | None = None,
+    ) -> RequestBuilder:
         """The builder of the features ``router`` reads (prefix hashes, language, text)."""
         return cls(
             config,
@@ -128,6 +141,7 @@ class RequestBuilder:
             is_hashing=router.needs_prefix_index,
             is_detecting_language=router.needs_language,
             is_reading_text=bool(getattr(router, "workflow_predictors", ())),
+            numbers=numbers,
         )
 
     def __init__(
@@ -138,7 +152,10 @@ class RequestBuilder:
         is_hashing: bool,
         is_detecting_language: bool = True,
         is_reading_text: bool = False,
+        numbers: Iterator[int] | None = None,
     ) -> None:
+        """``numbers``: where the internal request ids' numbers come from (a gateway shares
+        one counter across reloads: the ids key router state); None: a counter of its own."""
         self.block_size_tokens = config.block_size_tokens
         self.chars_per_token = config.chars_per_token
         self.default_max_tokens = config.admission.default_max_tokens
@@ -147,7 +164,7 @@ class RequestBuilder:
         self.is_detecting_language = is_detecting_language
         self.is_reading_text = is_reading_text
         self._clock = clock
-        self._ids = itertools.count(1)
+        self._ids = numbers if numbers is not None else itertools.count(1)
 
     def build(
         self,

@@ -20,6 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from longroute.estimators.service_time import Calibration
+from longroute.gateway.observe import RequestTrace
 from longroute.routing.fleet_view import FleetView
 
 LATENCY_BUCKETS_S = (
@@ -50,7 +51,7 @@ class GatewayMetrics:
 
     def __init__(
         self,
-        fleet: FleetView,
+        fleet: FleetView | None,
         queue_depth: Callable[[], int],
         calibration: Callable[[], Mapping[str, Calibration]] | None = None,
         *,
@@ -59,7 +60,9 @@ class GatewayMetrics:
         """``calibration``: the router's ``calibration()``, read per scrape; None when the
         router has none (no calibration metrics then). ``is_healthy(endpoint)``: the
         health verdict ``longroute_backend_healthy`` shows, read per scrape (the gateway
-        gives its health monitor's, the one ``/ready`` reads); None: the fleet view's."""
+        gives its health monitor's, the one ``/ready`` reads); None: the fleet view's.
+        ``fleet`` None: the live gauges come with :meth:`watch` (the gateway builds its
+        metrics before its fleet view)."""
         self.registry = CollectorRegistry()
         registry = self.registry
         self.requests = Counter(
@@ -74,16 +77,29 @@ class GatewayMetrics:
         )
         self.ttft = Histogram(
             "longroute_ttft_seconds",
-            "Time to the first streamed byte, from the request's arrival.",
+            "Time to the first streamed byte, from the request's arrival, by served model "
+            "and backend.",
+            ["model", "endpoint"],
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
         self.e2e = Histogram(
             "longroute_e2e_seconds",
-            "Time to the last byte, from the request's arrival.",
+            "Time to the last byte of an answered request, from its arrival, by served "
+            "model and backend.",
+            ["model", "endpoint"],
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
+        self.failovers = Counter(
+            "longroute_failovers",
+            "Attempts that failed before any byte reached the client and were tried on "
+            "another backend, by reason (backend_connect, backend_5xx, backend_auth, "
+            "backend_disconnect, backend_empty).",
+            ["reason"],
+            registry=registry,
+        )
+        self.usage = UsageCounters(registry)
         self.decision = Histogram(
             "longroute_routing_decision_seconds",
             "Time spent in the router's route() call.",
@@ -110,10 +126,41 @@ class GatewayMetrics:
             "Planned requests whose documents were sent in another order than given.",
             registry=registry,
         )
-        registry.register(_LiveCollector(fleet, queue_depth, is_healthy))
-        if calibration is not None:
-            registry.register(_CalibrationCollector(fleet, calibration))
+        self._queue_depth = queue_depth
+        self._is_healthy = is_healthy
+        self._calibration: _CalibrationCollector | None = None
+        if fleet is not None:
+            self.watch(fleet, calibration)
         self._request_counts: dict[tuple[str, str, str, int], Any] = {}
+        self._ttfts: dict[tuple[str, str], Any] = {}
+        self._e2es: dict[tuple[str, str], Any] = {}
+
+    def watch(
+        self,
+        fleet: FleetView,
+        calibration: Callable[[], Mapping[str, Calibration]] | None = None,
+    ) -> None:
+        """Collects the live gauges of ``fleet`` at each scrape; once."""
+        self.registry.register(_LiveCollector(fleet, self._queue_depth, self._is_healthy))
+        self.set_calibration(fleet, calibration)
+
+    def set_calibration(
+        self, fleet: FleetView, calibration: Callable[[], Mapping[str, Calibration]] | None
+    ) -> None:
+        """The router's ``calibration()`` (None: the router learns none); a reload that
+        changes the router calls it again."""
+        if self._calibration is not None:
+            self.registry.unregister(self._calibration)
+            self._calibration = None
+        if calibration is not None:
+            self._calibration = _CalibrationCollector(fleet, calibration)
+            self.registry.register(self._calibration)
+
+    def observe_ttft(self, model: str, endpoint: str, seconds: float) -> None:
+        _child(self._ttfts, self.ttft, (model, endpoint)).observe(seconds)
+
+    def observe_e2e(self, model: str, endpoint: str, seconds: float) -> None:
+        _child(self._e2es, self.e2e, (model, endpoint)).observe(seconds)
 
     def count_request(self, route: str, model: str, endpoint: str, status: int) -> None:
         """One answered request; the labelled child is looked up once per label set."""
@@ -128,6 +175,63 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _child(cache: dict[tuple[str, str], Any], metric: Any, labels: tuple[str, str]) -> Any:
+    """``metric``'s child of ``labels``, looked up once (labels are backends and served
+    models, a set the config bounds)."""
+    child = cache.get(labels)
+    if child is None:
+        child = cache[labels] = metric.labels(*labels)
+    return child
+
+
+class UsageCounters:
+    """Tokens per served model and backend, from each answer's usage
+    (:meth:`~longroute.gateway.observe.RequestTrace.usage`): a request sink."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["model", "endpoint"]
+        self.prompt = Counter(
+            "longroute_prompt_tokens",
+            "Prompt tokens of answered requests: the backend's usage, else the gateway's estimate.",
+            labels,
+            registry=registry,
+        )
+        self.cached = Counter(
+            "longroute_cached_prompt_tokens",
+            "Prompt tokens the backend served from its prefix cache (usage.prompt_tokens_"
+            "details.cached_tokens; engines that do not report it add nothing).",
+            labels,
+            registry=registry,
+        )
+        self.completion = Counter(
+            "longroute_completion_tokens",
+            "Completion tokens of answered requests: the backend's usage, else the stream's "
+            "events counted.",
+            labels,
+            registry=registry,
+        )
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+
+    def finish(self, trace: RequestTrace) -> None:
+        if trace.status >= 400 or not trace.endpoint:
+            return
+        key = (trace.served_model, trace.endpoint)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.prompt.labels(*key),
+                self.cached.labels(*key),
+                self.completion.labels(*key),
+            )
+        usage = trace.usage()
+        if usage.prompt_tokens:
+            children[0].inc(usage.prompt_tokens)
+        if usage.cached_tokens:
+            children[1].inc(usage.cached_tokens)
+        if usage.completion_tokens:
+            children[2].inc(usage.completion_tokens)
 
 
 class _LiveCollector:

@@ -35,8 +35,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from longroute.gateway.admission import Admission, Grant, QueueFullError, QueueTimeoutError
 from longroute.gateway.backend_errors import (
@@ -62,11 +63,13 @@ from longroute.gateway.http.types import JSON_TYPE, HttpResponse
 from longroute.gateway.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
-from longroute.gateway.priority import BackendPriorities
-from longroute.gateway.redact import Redactor
+from longroute.gateway.observe import Tracing
 from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER, PREDICTED_TTFT_HEADER
 from longroute.routing.fleet_view import CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request
+
+if TYPE_CHECKING:
+    from longroute.gateway.wiring import Wiring
 
 log = logging.getLogger("longroute.gateway")
 
@@ -111,40 +114,74 @@ class Proxy:
     """Sends each job to backends granted by admission, failing over as the module says.
 
     Called by the completion handler, once per client request (:meth:`forward`).
+    Reads the wiring in force (``wiring``: backends, admission limits, redactor,
+    priorities) once per request; a reload replaces it and the pools
+    (:meth:`set_backends`).
     """
 
     def __init__(
         self,
-        backends: Mapping[str, Backend],
+        wiring: Wiring,
         admission: Admission,
         health: HealthMonitor,
         metrics: GatewayMetrics,
-        config: AdmissionConfig,
+        tracing: Tracing,
         *,
         keepalive_s: float,
-        redactor: Redactor,
-        priorities: BackendPriorities | None = None,
     ) -> None:
-        self.backends = backends
-        self.priorities = priorities
-        self.redactor = redactor
+        self.wiring = wiring
         self.admission = admission
         self.health = health
         self.metrics = metrics
-        self.config = config
-        self._pools = {
-            name: UpstreamPool(
-                b.base_url,
-                connect_timeout_s=config.connect_timeout_s,
-                keepalive_s=keepalive_s,
-                default_headers=b.request_headers,
-            )
-            for name, b in backends.items()
-        }
-        self._headers = {name: _backend_headers(b) for name, b in backends.items()}
-        self._stream_headers = {
-            name: {**h, "Cache-Control": "no-cache"} for name, h in self._headers.items()
-        }
+        self.tracing = tracing
+        self._keepalive_s = keepalive_s
+        self._pools: dict[str, UpstreamPool] = {}
+        self._headers: dict[str, dict[str, str]] = {}
+        self._stream_headers: dict[str, dict[str, str]] = {}
+        self._urls: dict[str, tuple[object, ...]] = {}
+        self._retiring: list[UpstreamPool] = []  # replaced pools, closed once idle
+        self.set_backends(wiring.backends.values(), wiring.config.admission.connect_timeout_s)
+
+    def set_backends(self, backends: Iterable[Backend], connect_timeout_s: float) -> list[str]:
+        """The pools of ``backends``: kept for a backend whose URL, request headers and
+        connect timeout did not change, new otherwise; a replaced pool serves its requests
+        in flight to their end and closes once idle (:meth:`close_idle_retired`). Returns
+        the names whose pool was replaced or removed."""
+        retired = []
+        wanted = {b.name: b for b in backends}
+        for name in list(self._pools):
+            backend = wanted.get(name)
+            if backend is None or self._urls[name] != _pool_key(backend, connect_timeout_s):
+                retired.append(name)
+        retiring = {name: self._pools.pop(name) for name in retired}
+        for name, backend in wanted.items():
+            if name not in self._pools:
+                self._pools[name] = UpstreamPool(
+                    backend.base_url,
+                    connect_timeout_s=connect_timeout_s,
+                    keepalive_s=self._keepalive_s,
+                    default_headers=backend.request_headers,
+                )
+                self._urls[name] = _pool_key(backend, connect_timeout_s)
+            self._headers[name] = _backend_headers(backend)
+            self._stream_headers[name] = {**self._headers[name], "Cache-Control": "no-cache"}
+        self._retiring.extend(retiring.values())
+        for name in retired:
+            if name not in wanted:
+                del self._headers[name], self._stream_headers[name], self._urls[name]
+        return retired
+
+    async def close_idle_retired(self) -> int:
+        """Closes the replaced pools that carry no request any more; returns how many are
+        still busy (called after a reload until it returns 0, and at shut-down)."""
+        busy = []
+        for pool in self._retiring:
+            if pool.num_open - pool.num_idle > 0:
+                busy.append(pool)
+            else:
+                await pool.close()
+        self._retiring = busy
+        return len(busy)
 
     def num_busy_connections(self, backend: str) -> int:
         """Connections to ``backend`` carrying a request now (open but not idle; O(1))."""
@@ -153,37 +190,53 @@ class Proxy:
 
     async def close(self) -> None:
         """Called at shut-down: closes every pooled backend connection."""
-        for pool in self._pools.values():
+        for pool in [*self._pools.values(), *self._retiring]:
             await pool.close()
 
-    async def forward(self, stream: ResponseStream, job: Job) -> tuple[HttpResponse | None, str]:
+    async def forward(self, stream: ResponseStream, job: Job) -> HttpResponse | None:
         """Serve ``job``: a whole response, or None when it was streamed through ``stream``.
 
-        Returns the backend that answered too. Raises GatewayError.
+        What happens goes into ``job.trace`` (the backend that answered, each failed
+        attempt's reason, the first byte, the answer's last bytes). Raises GatewayError.
         """
+        wiring = self.wiring
+        config = wiring.config.admission
         request = job.request
+        trace = job.trace
         failure: _Failure | None = None
         suspects: list[str] = []  # backends that failed it after it was sent: not charged yet
         failed_by: dict[str, str] = {}  # what each suspect did (its last error, if charged)
-        for attempt_index in range(self.config.max_retries + 1):
+        for attempt_index in range(config.max_retries + 1):
             if failure is not None:
                 self.metrics.retries.inc()
-            grant = await self._acquire(job, request, failure)
-            backend = self.backends[grant.endpoint]
+                self.metrics.failovers.labels(failure.kind).inc()
+            waited_since_s = time.monotonic()
+            grant = await self._acquire(job, request, failure, config)
+            backend = self._backend(grant.endpoint, wiring)
+            trace.num_attempts += 1
+            trace.endpoint = backend.name
+            trace.served_model = backend.model
+            trace.decision_s += grant.decision_s
+            trace.scores = grant.decision.scores
+            trace.granted_s = now_s = time.monotonic()
+            self.tracing.granted(trace, waited_since_s, now_s)
             outcome = _Outcome()
             # as dispatched: with the routing decision's priority (sent to priority backends)
             result = await self._attempt(stream, job, grant, backend, outcome)
             if not isinstance(result, _Failure):
+                self.tracing.attempt_ended(trace, None)
                 if outcome.is_answered:  # it was theirs: the request is fine elsewhere
                     for name in suspects:
                         self.health.record(name, False, detail=failed_by[name])
-                return result, backend.name
+                return result
             failure = result
+            trace.failovers.append(result.kind)
+            self.tracing.attempt_ended(trace, result.kind)
             self.metrics.errors.labels(result.kind).inc()
             log.debug(
                 "attempt %d of %s on %s failed: %s (%s)",
                 attempt_index + 1,
-                request.request_id,
+                trace.request_id,
                 backend.name,
                 result.message,
                 result.detail,
@@ -198,20 +251,28 @@ class Proxy:
                 continue
             suspects.append(backend.name)
             failed_by[backend.name] = result.message
-            if len(suspects) >= self.config.max_request_failures:
+            if len(suspects) >= config.max_request_failures:
                 raise request_failed_error(tuple(suspects), failure.message)
         assert failure is not None
         raise all_failed_error(request.tried_endpoints, failure.message)
 
-    async def _acquire(self, job: Job, request: Request, failure: _Failure | None) -> Grant:
+    def _backend(self, name: str, wiring: Wiring) -> Backend:
+        """The granted backend as the wiring in force has it (a reload may have changed it
+        while the request waited), else as the request's own wiring had it."""
+        backend = self.wiring.backends.get(name)
+        return backend if backend is not None else wiring.backends[name]
+
+    async def _acquire(
+        self, job: Job, request: Request, failure: _Failure | None, config: AdmissionConfig
+    ) -> Grant:
         seconds_left = job.seconds_left()
         if seconds_left <= 0:
-            raise timeout_error(job.request.request_id)
+            raise timeout_error(job.trace.request_id)
         try:
             return await self.admission.acquire(
                 request,
                 request.tried_endpoints,
-                min(self.config.queue_timeout_s, seconds_left),
+                min(config.queue_timeout_s, seconds_left),
             )
         except CandidatesExhaustedError as exc:
             # the client's x-longroute-tried names every model: a retry is futile
@@ -219,16 +280,14 @@ class Proxy:
         except NoCandidateError as exc:
             if failure is not None:
                 raise all_failed_error(request.tried_endpoints, failure.message) from None
-            causes = self.redactor.client_text(self.health.causes())
-            raise no_candidate_error(request, exc, self.backends, causes) from None
+            causes = self.wiring.redactor.client_text(self.health.causes())
+            raise no_candidate_error(request, exc, self.wiring.backends, causes) from None
         except QueueFullError as exc:
-            raise overloaded_error(429, "queue_full", str(exc), self.config.retry_after_s) from None
+            raise overloaded_error(429, "queue_full", str(exc), config.retry_after_s) from None
         except QueueTimeoutError as exc:
             if job.seconds_left() <= 0:
-                raise timeout_error(request.request_id) from None
-            raise overloaded_error(
-                503, "queue_timeout", str(exc), self.config.retry_after_s
-            ) from None
+                raise timeout_error(job.trace.request_id) from None
+            raise overloaded_error(503, "queue_timeout", str(exc), config.retry_after_s) from None
 
     async def _attempt(
         self,
@@ -260,9 +319,11 @@ class Proxy:
         try:
             async with asyncio.timeout(max(job.seconds_left(), 0.001)):
                 body = job.body_for(backend)
-                if self.priorities:  # backends that schedule by priority get one
-                    body = self.priorities.body(body, request, backend.name)
-                response = await pool.request("POST", job.route, body)
+                priorities = self.wiring.priorities
+                if priorities:  # backends that schedule by priority get one
+                    body = priorities.body(body, request, backend.name)
+                lines = self.tracing.attempt(job.trace)
+                response = await pool.request("POST", job.route, body, head_lines=lines)
                 try:
                     status = response.status
                     if status >= 500 or status in CREDENTIAL_STATUSES:
@@ -277,7 +338,7 @@ class Proxy:
                                 is_sent=True,
                             )
                     else:
-                        return await self._relay_whole(grant, backend, response, outcome)
+                        return await self._relay_whole(job, grant, backend, response, outcome)
                 except BaseException:
                     response.release()  # an unfinished response closes its connection
                     raise
@@ -293,7 +354,7 @@ class Proxy:
         """A 5xx or a refusal of the gateway's credentials: the client never sees its body."""
         status = response.status
         try:
-            detail = log_preview(await response.read(MAX_ERROR_BODY_BYTES), self.redactor)
+            detail = log_preview(await response.read(MAX_ERROR_BODY_BYTES), self.wiring.redactor)
         except UpstreamError:
             detail = "(body unreadable)"
         if status in CREDENTIAL_STATUSES:
@@ -304,8 +365,8 @@ class Proxy:
 
     def _backend_failed(self, job: Job, backend: Backend, exc: BaseException) -> _Failure:
         if job.seconds_left() <= 0:
-            raise timeout_error(job.request.request_id)
-        detail = self.redactor.text(f"{type(exc).__name__}: {exc}", 500)
+            raise timeout_error(job.trace.request_id)
+        detail = self.wiring.redactor.text(f"{type(exc).__name__}: {exc}", 500)
         if isinstance(exc, UpstreamError) and exc.kind == "connect":
             message = f"backend {backend.name} could not be reached"
             return _Failure("backend_connect", message, detail, is_sent=False)
@@ -313,16 +374,23 @@ class Proxy:
         return _Failure("backend_disconnect", message, detail, is_sent=True)
 
     async def _relay_whole(
-        self, grant: Grant, backend: Backend, response: UpstreamResponse, outcome: _Outcome
+        self,
+        job: Job,
+        grant: Grant,
+        backend: Backend,
+        response: UpstreamResponse,
+        outcome: _Outcome,
     ) -> HttpResponse:
         status = response.status
+        redactor = self.wiring.redactor
         if status >= 400:  # the request's own fault (5xx and 401/403/407 failed over before)
             data = await response.read(MAX_ERROR_BODY_BYTES)
-            body = relayed_client_error(status, data, self.redactor, backend.name)
+            body = relayed_client_error(status, data, redactor, backend.name)
             content_type = JSON_TYPE
         else:
-            body = self.redactor.body(await response.read(MAX_WHOLE_RESPONSE_BYTES))
+            body = redactor.body(await response.read(MAX_WHOLE_RESPONSE_BYTES))
             content_type = response.content_type
+            job.trace.keep_body(body)
         self.health.record(backend.name, True)
         outcome.is_ok = outcome.is_answered = status < 400
         headers = _with_prediction(self._headers[backend.name], grant)
@@ -341,21 +409,31 @@ class Proxy:
         """Bytes reached us: from here on nothing is replayed, whatever happens."""
         outcome.has_first_byte = outcome.is_answered = True
         self.admission.first_byte(grant.request, backend.name)
-        self.metrics.ttft.observe(time.monotonic() - job.started_s)
+        trace = job.trace
+        trace.first_byte_s = now_s = time.monotonic()
+        self.metrics.observe_ttft(backend.model, backend.name, now_s - job.started_s)
         headers = _with_prediction(self._stream_headers[backend.name], grant)
         stream.start(200, headers, response.content_type)
+        last = b""
+        num_events = 0
         try:
             # the deadline bounds both a silent backend and a client that stopped reading
             async with asyncio.timeout(max(job.seconds_left(), 0.0)):
-                redactor = self.redactor
+                redactor = self.wiring.redactor
                 while chunk:
                     await stream.write(redactor.body(chunk))
+                    num_events += chunk.count(b"data:")
+                    trace.prev = last
+                    last = chunk
                     chunk = await response.next_chunk()
             await stream.end()
             self.health.record(backend.name, True)
             outcome.is_ok = True
         except (UpstreamError, TimeoutError) as exc:
             await self._end_broken_stream(stream, job, backend, exc)
+        finally:
+            trace.last = last
+            trace.num_events = num_events
 
     async def _end_broken_stream(
         self, stream: ResponseStream, job: Job, backend: Backend, exc: BaseException
@@ -367,8 +445,9 @@ class Proxy:
             kind, message = "midstream", f"backend {backend.name} failed mid-stream"
             self.health.record(backend.name, False, detail=message)
         self.metrics.errors.labels(kind).inc()
-        detail = self.redactor.text(f"{type(exc).__name__}: {exc}", 500)
-        log.warning("%s: %s (%s)", job.request.request_id, message, detail)
+        job.trace.error_kind = kind
+        detail = self.wiring.redactor.text(f"{type(exc).__name__}: {exc}", 500)
+        log.warning("%s: %s (%s)", job.trace.request_id, message, detail)
         try:  # a client that does not read gets its connection closed instead
             async with asyncio.timeout(STALLED_CLIENT_GRACE_S):
                 await stream.write(b"\n\n" + sse_error_event(message, kind))
@@ -377,6 +456,11 @@ class Proxy:
             if isinstance(exc, TimeoutError):
                 self.metrics.errors.labels("client_stalled").inc()
             stream.abort()
+
+
+def _pool_key(backend: Backend, connect_timeout_s: float) -> tuple[object, ...]:
+    """What a backend's pool is built from: a change means a new pool."""
+    return (backend.base_url, tuple(backend.request_headers.items()), connect_timeout_s)
 
 
 def _backend_headers(backend: Backend) -> dict[str, str]:

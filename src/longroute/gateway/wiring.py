@@ -1,6 +1,6 @@
-"""The gateway's wiring helpers: its router, monitoring loops and fixed /v1/models answer.
+"""The gateway's wiring: what a config makes of it (:class:`Wiring`), and its helpers.
 
-Called once, when a :class:`~longroute.gateway.app.Gateway` is built. Every
+Called when a :class:`~longroute.gateway.app.Gateway` is built and at each reload. Every
 problem found here is a ``ConfigError`` or ``ValueError`` naming the field or
 file, which ``longroute serve`` prints as one ``error:`` line before anything
 listens.
@@ -11,14 +11,19 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 from longroute.clock import WallClock
 from longroute.errors import ConfigError
 from longroute.estimators.parallel import endpoint_predictor
-from longroute.gateway.backends import Backend
+from longroute.gateway.backends import Backend, build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets
+from longroute.gateway.context_reuse import ContextReuse
+from longroute.gateway.intake import RequestBuilder
+from longroute.gateway.metrics import GatewayMetrics
+from longroute.gateway.observe import key_id
+from longroute.gateway.priority import BackendPriorities
 from longroute.gateway.redact import Redactor
 from longroute.gateway.rtt_probe import RttProber
 from longroute.gateway.scrape import EngineScraper
@@ -28,6 +33,61 @@ from longroute.routing.chimera import ChimeraRouter
 from longroute.routing.fleet_view import FleetView
 from longroute.routing.ttca import TtcaRouter
 from longroute.routing.workflow_load import seconds_per_token
+
+
+class Wiring:
+    """What one config makes of the gateway, built whole and checked before it serves:
+    backends, router, the model map, the request builder, context reuse, client keys, the
+    redactor and backend priorities. A reload builds a new one and swaps the reference;
+    a request reads the wiring in force when it starts. O(backends) to build."""
+
+    __slots__ = (
+        "backends",
+        "client_api_keys",
+        "client_key_ids",
+        "config",
+        "context",
+        "models",
+        "models_body",
+        "priorities",
+        "redactor",
+        "requests",
+        "router",
+        "secrets",
+        "served_models",
+    )
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        secrets: GatewaySecrets,
+        metrics: GatewayMetrics,
+        clock: WallClock,
+        request_numbers: Iterator[int],
+        *,
+        router: Router | None = None,
+    ) -> None:
+        """``router``: the router to keep (a reload whose router config did not change), checked
+        against the new backends; else one is built. ``request_numbers``: the gateway's one
+        counter of internal request ids (they key router state, so never restart)."""
+        self.config = config
+        self.secrets = secrets
+        self.backends = build_backends(config, secrets.backend_api_keys)
+        if router is None:
+            self.router = build_router(config, self.backends)
+        else:
+            check_router(router, config, self.backends)
+            self.router = router
+        self.models = model_map(config, self.backends)
+        self.models_body = models_body(self.models)
+        self.served_models = frozenset(b.model for b in self.backends.values())
+        self.requests = RequestBuilder.for_router(config, clock, self.router, request_numbers)
+        reuse = config.context_reuse
+        self.context = ContextReuse(reuse, metrics) if reuse.enabled else None
+        self.client_api_keys = secrets.client_api_keys
+        self.client_key_ids = {key: key_id(key) for key in self.client_api_keys or ()}
+        self.redactor = build_redactor(secrets, self.backends)
+        self.priorities = BackendPriorities(config, clock)
 
 
 def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Router:
@@ -53,6 +113,14 @@ def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Rout
         router = ROUTERS.build(spec.name, spec.params, rng=random.Random(spec.seed))
     except OSError as exc:  # FileNotFoundError and friends name the file
         raise ConfigError(f"router {spec.name!r}: {exc}") from None
+    check_router(router, config, backends)
+    return router
+
+
+def check_router(router: Router, config: GatewayConfig, backends: Mapping[str, Backend]) -> None:
+    """ConfigError unless ``router`` can serve every backend: its fitted predictors know
+    every served model, and it can price (chimera) or time (ttca) every backend."""
+    spec = config.router
     served = {b.model for b in backends.values()}
     for kind in getattr(router, "workflow_predictors", ()):
         where = spec.params.get(kind)
@@ -62,7 +130,6 @@ def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Rout
         check_token_prices(spec.params.get("seconds_per_token_by_model") or {}, backends)
     if isinstance(router, TtcaRouter):  # it times each backend from its profiles
         check_time_profiles(spec.name, backends)
-    return router
 
 
 def build_fleet(

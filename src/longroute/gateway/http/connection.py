@@ -286,7 +286,7 @@ class Connection(ConnectionErrors, asyncio.Protocol):
             elif stream._is_started:
                 raise RuntimeError("handler returned a response after starting the stream")
             else:
-                is_keep_alive = self._write_whole(request, response, is_keep_alive)
+                is_keep_alive = self._write_whole(request, response, is_keep_alive, stream)
         except Exception as exc:
             self._on_handler_error(request, stream, exc)
             is_keep_alive = False
@@ -298,7 +298,11 @@ class Connection(ConnectionErrors, asyncio.Protocol):
         self._next(is_keep_alive)
 
     def _write_whole(
-        self, request: HttpRequest, response: HttpResponse, is_keep_alive: bool
+        self,
+        request: HttpRequest,
+        response: HttpResponse,
+        is_keep_alive: bool,
+        stream: ResponseStream,
     ) -> bool:
         """Writes a whole response in one write; returns whether the connection stays open."""
         is_keep_alive = is_keep_alive and not self.server.is_closing
@@ -316,6 +320,7 @@ class Connection(ConnectionErrors, asyncio.Protocol):
             server=self.server_line,
             connection=connection,
             is_head=request.method == "HEAD",
+            extra=stream.extra_head,
         )
         if not self.is_closed:
             self.transport.write(data)

@@ -58,7 +58,11 @@ class ConnectionErrors:
             self.abort()
         elif not self.is_closed:
             error = wire.error_response(
-                500, "internal server error", "internal_error", server=self.server_line
+                500,
+                "internal server error",
+                "internal_error",
+                server=self.server_line,
+                extra=stream.extra_head,
             )
             self.transport.write(error)
 

@@ -116,6 +116,8 @@ class UpstreamPool:
         path: str,
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
+        *,
+        head_lines: bytes = b"",
     ) -> UpstreamResponse:
         """Sends one request; returns once the status line and headers arrived.
 
@@ -126,7 +128,9 @@ class UpstreamPool:
         on a fresh connection; any other failure raises :class:`UpstreamError`.
         Cancellation closes the connection. The caller must ``release()`` the
         response. ``headers`` must not repeat a default header nor name Host,
-        Content-Length, Transfer-Encoding or Connection.
+        Content-Length, Transfer-Encoding or Connection. ``head_lines``: more header
+        lines, rendered and checked by the caller (``Name: value\r\n`` each), sent as
+        they are (the proxy's request id and trace context, built once per request).
         """
         if self._is_closed:
             raise RuntimeError(f"upstream pool for {self.base_url} is closed")
@@ -135,7 +139,7 @@ class UpstreamPool:
             head = self._render_head(method, path)
         if headers:
             head += _render_headers(headers, self._default_names)
-        data = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (head, head_lines, len(body), body)
         is_head = method == "HEAD"
         conn = self._take_idle()
         if conn is not None:

@@ -131,18 +131,21 @@ def whole_response(
     server: bytes,
     connection: bytes,
     is_head: bool,
+    extra: bytes = b"",
 ) -> bytes:
     """A complete response (head + body) as one bytes object; no body for HEAD, 204 and 304
     (and no content-length for 204/304, RFC 9110 §8.6). ``connection`` is its connection line
-    (empty, :data:`CONNECTION_CLOSE` or :data:`CONNECTION_KEEP_ALIVE`)."""
+    (empty, :data:`CONNECTION_CLOSE` or :data:`CONNECTION_KEEP_ALIVE`); ``extra``: header
+    lines already rendered and checked (:meth:`ResponseStream.add_header`)."""
     has_no_body = status == 204 or status == 304
-    return b"%s%s%s%s%s%s%s\r\n%s" % (
+    return b"%s%s%s%s%s%s%s%s\r\n%s" % (
         status_line(status),
         content_type_line(content_type),
         b"" if has_no_body else b"content-length: %d\r\n" % len(body),
         date_line(),
         server,
         connection,
+        extra,
         header_lines(headers),
         b"" if is_head or has_no_body else body,
     )
@@ -156,25 +159,36 @@ def stream_head(
     server: bytes,
     is_keep_alive: bool,
     is_chunked: bool,
+    extra: bytes = b"",
 ) -> bytes:
     """The head of a streamed response: chunked, or close-delimited for an HTTP/1.0 client."""
-    return b"%s%s%s%s%s%s%s\r\n" % (
+    return b"%s%s%s%s%s%s%s%s\r\n" % (
         status_line(status),
         content_type_line(content_type),
         CHUNKED if is_chunked else b"",
         date_line(),
         server,
         b"" if is_keep_alive else CONNECTION_CLOSE,
+        extra,
         header_lines(headers),
     )
 
 
-def error_response(status: int, message: str, code: str, *, server: bytes) -> bytes:
+def error_response(
+    status: int, message: str, code: str, *, server: bytes, extra: bytes = b""
+) -> bytes:
     """A whole OpenAI-style JSON error response that closes the connection."""
     type_ = SERVER_ERROR if status >= 500 else INVALID_REQUEST
     body = error_body(message, type_, code)
     return whole_response(
-        status, body, JSON_TYPE, {}, server=server, connection=CONNECTION_CLOSE, is_head=False
+        status,
+        body,
+        JSON_TYPE,
+        {},
+        server=server,
+        connection=CONNECTION_CLOSE,
+        is_head=False,
+        extra=extra,
     )
 
 
@@ -188,7 +202,15 @@ class ResponseStream:
     is sent. One task at a time may write.
     """
 
-    __slots__ = ("_conn", "_is_chunked", "_is_ended", "_is_head", "_is_keep_alive", "_is_started")
+    __slots__ = (
+        "_conn",
+        "_is_chunked",
+        "_is_ended",
+        "_is_head",
+        "_is_keep_alive",
+        "_is_started",
+        "extra_head",
+    )
 
     def __init__(
         self, conn: Connection, *, is_head: bool, is_keep_alive: bool, is_chunked: bool
@@ -199,6 +221,14 @@ class ResponseStream:
         self._is_chunked = is_chunked
         self._is_started = False
         self._is_ended = False
+        self.extra_head = b""  # header lines for this request's response, whole or streamed
+
+    def add_header(self, name: str, value: str) -> None:
+        """A header for this request's response, whole or streamed (e.g. a request id); a
+        reserved name or CR/LF raises ValueError (see :func:`header_lines`)."""
+        if self._is_started:
+            raise RuntimeError("ResponseStream.add_header() after start()")
+        self.extra_head += header_lines({name: value})
 
     def start(self, status: int, headers: Mapping[str, str], content_type: str) -> None:
         """Writes the status line and headers (with date, server, connection); once."""
@@ -213,6 +243,7 @@ class ResponseStream:
             server=conn.server_line,
             is_keep_alive=is_keep_alive,
             is_chunked=self._is_chunked,
+            extra=self.extra_head,
         )
         self._is_keep_alive = is_keep_alive
         self._is_started = True
