@@ -67,6 +67,16 @@ _REJECT_KINDS = {
     "request_timeout": "head_timeout",
 }
 
+def build_tracing(config: GatewayConfig) -> Tracing:
+    """The tracer of ``config.otel``: OpenTelemetry spans (imported only then: the ``otel``
+    extra), else the base that only forwards ids and the client's trace context."""
+    if config.otel is None:
+        return Tracing()
+    from longroute.gateway.otel import OtelTracing
+
+    return OtelTracing(config.otel)
+
+
 RouteHandler = Callable[[HttpRequest, ResponseStream, str], Awaitable[HttpResponse | None]]
 """A gateway route: the request, its response stream and its request id."""
 
@@ -102,7 +112,7 @@ class Gateway:
         self.health = HealthMonitor(
             wiring.backends, config.health, self.clock, self._health_changed
         )
-        self.tracing = Tracing()
+        self.tracing = build_tracing(config)
         self.proxy = Proxy(
             wiring,
             self.admission,
@@ -319,6 +329,7 @@ class Gateway:
         await self.proxy.close()
         if self.access_log is not None:
             self.access_log.close()
+        self.tracing.close()
         log.removeFilter(self.log_filter)
 
 

@@ -265,6 +265,38 @@ class AccessLogConfig(_Model):
     )
 
 
+class OtelConfig(_Model):
+    """OpenTelemetry traces (the ``otel`` extra: ``pip install 'longroute[otel]'``): a span
+    per request, children for the admission wait, the routing decision and each upstream
+    attempt, exported over OTLP/HTTP; the client's ``traceparent`` is continued."""
+
+    endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces",
+        description="The OTLP/HTTP traces endpoint of a collector.",
+    )
+    service_name: str = Field("longroute-gateway", min_length=1, description="service.name.")
+    headers_env: str | None = Field(
+        None,
+        description="Environment variable with comma-separated name=value headers for the "
+        "collector (e.g. its auth), read at start-up.",
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of traces sampled where the client sent no sampling decision "
+        "(a client's traceparent flags are followed).",
+    )
+    timeout_s: float = Field(10.0, gt=0, le=60, description="Timeout of one export.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must start with http:// or https://, got {url!r}")
+        return url
+
+
 class ContextReuseConfig(_Model):
     """Context reuse for requests that carry ``documents`` (see docs/gateway.md)."""
 
@@ -302,6 +334,9 @@ class GatewayConfig(_Model):
     shutdown: ShutdownConfig = Field(default_factory=lambda: ShutdownConfig())
     access_log: AccessLogConfig | None = Field(
         None, description="The access log (one JSON line per request); None: off."
+    )
+    otel: OtelConfig | None = Field(
+        None, description="OpenTelemetry tracing (the otel extra); None: off."
     )
     usage_metrics: bool = Field(
         True,

@@ -243,6 +243,9 @@ class Tracing:
     def finish(self, trace: RequestTrace) -> None:
         """The request ended (``trace.status``, ``trace.outcome``)."""
 
+    def close(self) -> None:
+        """The gateway stops: export what is left."""
+
 
 class RequestSink(Protocol):
     """Told of every finished request, once (after its last byte, or its error)."""
