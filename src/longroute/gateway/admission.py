@@ -173,6 +173,33 @@ class Admission:
         if self.num_waiting:
             self.wake()
 
+    # ---- reload ---------------------------------------------------------------
+    def reconfigure(self, router: Router, capacities: Mapping[str, int], max_queue: int) -> None:
+        """A reload: the router and backend slots in force from now on. A backend that left
+        keeps its in-flight count (its requests finish as usual) with no free slot, until
+        :meth:`forget`; waiting requests stay queued and are served at once if they can."""
+        self.router = router
+        self._queue_priority = getattr(router, "queue_priority", None)
+        self.max_queue = max_queue
+        for name in self._capacity:
+            if name not in capacities:
+                self._capacity[name] = 0
+        for name, capacity in capacities.items():
+            self._capacity[name] = capacity
+            self._inflight.setdefault(name, 0)
+        self.wake()
+
+    def inflight(self, name: str) -> int:
+        """Attempts in flight on backend ``name`` (0 for one never known)."""
+        return self._inflight.get(name, 0)
+
+    def forget(self, name: str) -> None:
+        """Drops a backend that left, once nothing is in flight there."""
+        if self._inflight.get(name, 0) != 0:
+            raise ValueError(f"backend {name!r} still has requests in flight")
+        self._inflight.pop(name, None)
+        self._capacity.pop(name, None)
+
     # ---- granting ------------------------------------------------------------
     def try_grant(self, request: Request, excluded: Collection[str]) -> Grant | None:
         """Route and take a slot now, or None when every eligible backend is full."""

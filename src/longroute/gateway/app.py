@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -49,6 +50,7 @@ from longroute.gateway.observe import (
 from longroute.gateway.parse import ROUTES
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter
+from longroute.gateway.reload import ReloadError, ReloadResult, describe_changes, prepare, retire
 from longroute.gateway.wiring import Wiring, build_fleet, monitors
 from longroute.routing.base import Router
 
@@ -67,6 +69,7 @@ _REJECT_KINDS = {
     "request_timeout": "head_timeout",
 }
 
+
 def build_tracing(config: GatewayConfig) -> Tracing:
     """The tracer of ``config.otel``: OpenTelemetry spans (imported only then: the ``otel``
     extra), else the base that only forwards ids and the client's trace context."""
@@ -84,7 +87,11 @@ RouteHandler = Callable[[HttpRequest, ResponseStream, str], Awaitable[HttpRespon
 class Gateway:
     """Everything one gateway process owns; handlers are its methods."""
 
-    def __init__(self, config: GatewayConfig, secrets: GatewaySecrets) -> None:
+    def __init__(
+        self, config: GatewayConfig, secrets: GatewaySecrets, *, config_path: Path | None = None
+    ) -> None:
+        """``config_path``: the file ``config`` came from, read again by :meth:`reload`."""
+        self.config_path = config_path
         self.clock = WallClock()
         self.ids = RequestIds()
         self._request_numbers = itertools.count(1)  # internal ids: never restart (reloads)
@@ -124,7 +131,9 @@ class Gateway:
         self.rtt, self.scraper = monitors(config, wiring.backends, self.fleet, self.clock)
         self.access_log = self._access_log(config)
         self.observer = RequestObserver(self._sinks())
-        self.background_tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # background loops by name
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._reload_lock = asyncio.Lock()
         self.routes = self._route_table()
         self._server: HttpServer | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -178,6 +187,7 @@ class Gateway:
         routes[("GET", "/metrics")] = self.handle_metrics
         if self.config.admin_enabled:
             routes[("GET", "/admin/fleet")] = self.handle_admin_fleet
+            routes[("POST", "/admin/reload")] = self.handle_admin_reload
         return routes
 
     async def dispatch(
@@ -234,10 +244,44 @@ class Gateway:
         self, http_request: HttpRequest, _: ResponseStream, __: str
     ) -> Any:
         try:
-            authorize(http_request.headers, self.wiring.client_api_keys)
+            self._authorize_admin(http_request, is_change=False)
         except GatewayError as err:
             return err.response()
         return HttpResponse(200, json.dumps(self.fleet_snapshot()).encode(), JSON_TYPE)
+
+    async def handle_admin_reload(
+        self, http_request: HttpRequest, _: ResponseStream, __: str
+    ) -> Any:
+        """Reloads the config file: 200 with what changed, or 400 with why not (the old
+        config still serves)."""
+        try:
+            self._authorize_admin(http_request, is_change=True)
+        except GatewayError as err:
+            return err.response()
+        result = await self.reload()
+        if not result.is_ok:
+            return GatewayError(
+                400, f"reload refused: {result.error}", kind="reload", code="invalid_config"
+            ).response()
+        body = {"status": "reloaded", "changes": list(result.changes)}
+        return HttpResponse(200, json.dumps(body).encode(), JSON_TYPE)
+
+    def _authorize_admin(self, http_request: HttpRequest, *, is_change: bool) -> None:
+        """The admin key when one is configured; without one, a change is refused and a
+        read takes a client key (as the rest of the API)."""
+        admin_key = self.wiring.secrets.admin_api_key
+        if admin_key is not None:
+            authorize(http_request.headers, frozenset({admin_key}))
+        elif is_change:
+            raise GatewayError(
+                403,
+                "this admin call changes the gateway and needs the admin key; set "
+                "admin_api_key_env in the config",
+                kind="auth",
+                code="admin_key_not_configured",
+            )
+        else:
+            authorize(http_request.headers, self.wiring.client_api_keys)
 
     def fleet_snapshot(self) -> dict[str, Any]:
         """The fleet as the router sees it, plus breaker states and scraped engine stats."""
@@ -273,11 +317,8 @@ class Gateway:
             ),
             cookie_jar=aiohttp.DummyCookieJar(),  # one backend's cookies must not reach others
         )
-        loops = [self.health.run(self._session)]
-        loops += [m.run(self._session) for m in (self.rtt, self.scraper) if m is not None]
-        if self.access_log is not None:
-            loops.append(self.access_log.run())
-        self.background_tasks = [asyncio.create_task(loop) for loop in loops]
+        self._tasks["health"] = asyncio.create_task(self.health.run(self._session))
+        self._sync_loops()
         limits = self.config.http
         self._server = HttpServer(
             self.dispatch,
@@ -296,6 +337,114 @@ class Gateway:
         except BaseException:
             await self.stop()
             raise
+
+    @property
+    def background_tasks(self) -> list[asyncio.Task[None]]:
+        """The monitoring loops running now (health, RTT probes, scrapes, log flushes)."""
+        return list(self._tasks.values())
+
+    def _sync_loops(self) -> None:
+        """Starts the loops the monitors in force need and stops those of monitors gone."""
+        wanted = {"rtt": self.rtt, "scrape": self.scraper, "access_log": self.access_log}
+        for name, monitor in wanted.items():
+            task = self._tasks.get(name)
+            owner = getattr(task, "longroute_owner", None)
+            if task is not None and owner is not monitor:
+                task.cancel()
+                del self._tasks[name]
+            if monitor is not None and name not in self._tasks:
+                if isinstance(monitor, AccessLog):
+                    task = asyncio.create_task(monitor.run())
+                else:
+                    assert self._session is not None
+                    task = asyncio.create_task(monitor.run(self._session))
+                task.longroute_owner = monitor  # type: ignore[attr-defined]
+                self._tasks[name] = task
+
+    # ---- reload --------------------------------------------------------------
+    async def reload(self) -> ReloadResult:
+        """Reads the config file again and swaps it in (:mod:`longroute.gateway.reload`);
+        an invalid one changes nothing and the result says why. One at a time."""
+        async with self._reload_lock:
+            if self.config_path is None:
+                result = ReloadResult("this gateway was not started from a config file")
+            else:
+                try:
+                    wiring = prepare(
+                        self.config_path, self.wiring, self.metrics, self.clock,
+                        self._request_numbers,
+                    )  # fmt: skip
+                except ReloadError as exc:
+                    result = ReloadResult(str(exc))
+                else:
+                    result = ReloadResult(None, describe_changes(self.config, wiring.config))
+                    self.apply_wiring(wiring)
+            self.metrics.reloads.labels("ok" if result.is_ok else "error").inc()
+            if result.is_ok:
+                log.info("config reloaded: %s", "; ".join(result.changes) or "no change")
+            else:
+                log.error("config reload refused, the old config still serves: %s", result.error)
+            return result
+
+    def apply_wiring(self, wiring: Wiring) -> None:
+        """Swaps ``wiring`` in, in one step of the event loop (see reload.py)."""
+        old, config = self.wiring, wiring.config
+        retired = self.fleet.set_endpoints([b.endpoint for b in wiring.backends.values()])
+        for name, backend in wiring.backends.items():
+            before = old.backends.get(name)
+            if before is not None and (before.base_url, before.model) != (
+                backend.base_url,
+                backend.model,
+            ):
+                self.fleet.reset_endpoint(name)  # another engine: its cache is not known
+        self.fleet.is_prefix_index_enabled = wiring.router.needs_prefix_index
+        self.wiring = self.proxy.wiring = wiring
+        capacities = {b.name: b.max_concurrency for b in wiring.backends.values()}
+        self.admission.reconfigure(wiring.router, capacities, config.admission.max_queue)
+        self.health.set_backends(wiring.backends, config.health)
+        replaced = self.proxy.set_backends(
+            wiring.backends.values(), config.admission.connect_timeout_s
+        )
+        self._apply_monitors(config, wiring)
+        if wiring.router is not old.router:
+            calibration = getattr(wiring.router, "calibration", None)
+            self.metrics.set_calibration(self.fleet, calibration)
+        self.log_filter.redactor = wiring.redactor
+        if config.access_log != old.config.access_log:
+            if self.access_log is not None:
+                self.access_log.close()
+            self.access_log = self._access_log(config)
+        elif self.access_log is not None:
+            self.access_log.reopen()  # logrotate moved it: reload opens it again
+        self.observer = RequestObserver(self._sinks())
+        self.routes = self._route_table()
+        self._sync_loops()
+        if retired or replaced:
+            self._retire(retired)
+
+    def _apply_monitors(self, config: GatewayConfig, wiring: Wiring) -> None:
+        interval = config.rtt_probe_interval_s
+        if self.rtt is not None and interval is not None:
+            self.rtt.set_backends(wiring.backends, interval)
+        else:
+            self.rtt = monitors(config, wiring.backends, self.fleet, self.clock)[0]
+        interval = config.scrape_interval_s
+        if self.scraper is not None and interval is not None:
+            self.scraper.set_backends(wiring.backends, interval)
+        else:
+            self.scraper = monitors(config, wiring.backends, self.fleet, self.clock)[1]
+
+    def _retire(self, names: list[str]) -> None:
+        def forget(name: str) -> None:
+            self.fleet.forget(name)
+            self.admission.forget(name)
+            self.health.forget(name)
+
+        task = asyncio.create_task(
+            retire(names, self.admission.inflight, forget, self.proxy.close_idle_retired)
+        )
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     def _count_rejected(self, code: str) -> None:
         """The server answered a request itself (malformed HTTP, a head or body over its
@@ -319,10 +468,12 @@ class Gateway:
             await self.drain_requests(grace_s)
             await self._server.close(0.0)
             self._server = None
-        for task in self.background_tasks:
+        tasks = [*self._tasks.values(), *self._retiring]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.background_tasks, return_exceptions=True)
-        self.background_tasks = []
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._retiring.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -348,13 +499,18 @@ async def serve_gateway(
     *,
     host: str | None = None,
     port: int | None = None,
+    config_path: Path | None = None,
 ) -> AsyncIterator[RunningGateway]:
     """Runs a gateway for the ``async with`` block (port 0 picks a free one).
 
     ``secrets`` default to the environment (see resolve_secrets); host and port to
-    the config's ``listen``.
+    the config's ``listen``; ``config_path``: the file to read again on a reload.
     """
-    gateway = Gateway(config, secrets if secrets is not None else resolve_secrets(config))
+    gateway = Gateway(
+        config,
+        secrets if secrets is not None else resolve_secrets(config),
+        config_path=config_path,
+    )
     bind_host = host if host is not None else config.listen.host
     addresses = await gateway.start(bind_host, port if port is not None else config.listen.port)
     try:

@@ -24,6 +24,7 @@ from longroute.registry import RegistryError
 
 if TYPE_CHECKING:
     from longroute.gateway.app import Gateway
+    from longroute.gateway.reload import ReloadResult
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -61,7 +62,7 @@ def serve_command(
         raise typer.Exit(code=2)
     try:
         gateway_config = load_gateway_config(config)
-        gateway = Gateway(gateway_config, resolve_secrets(gateway_config))
+        gateway = Gateway(gateway_config, resolve_secrets(gateway_config), config_path=config)
     except (ConfigError, RegistryError, ValueError) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
@@ -105,8 +106,17 @@ async def _serve(gateway: Gateway, host: str, port: int) -> None:
             gateway.drain.cut_now()
         stopping.set()
 
+    reloads: set[asyncio.Task[ReloadResult]] = set()
+
+    def on_reload_signal() -> None:
+        logging.getLogger("longroute.gateway").info("SIGHUP: reloading the config")
+        task = asyncio.ensure_future(gateway.reload())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_stop_signal)
+    loop.add_signal_handler(signal.SIGHUP, on_reload_signal)
     try:
         addresses = await gateway.start(host, port)
         # what exists now lives as long as the process: keep the collector's full
@@ -119,5 +129,5 @@ async def _serve(gateway: Gateway, host: str, port: int) -> None:
         await gateway.drain_requests(gateway.config.shutdown.drain_timeout_s)
     finally:
         await gateway.stop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)

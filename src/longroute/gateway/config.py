@@ -55,6 +55,12 @@ class BackendConfig(_Model):
     api_key_env: str | None = Field(
         None, description="Environment variable holding the backend's API key."
     )
+    api_key_file: str | None = Field(
+        None,
+        min_length=1,
+        description="A file holding the backend's API key (read at start-up and at each "
+        "reload, so the key rotates without a restart); instead of api_key_env.",
+    )
     max_model_len_tokens: int | None = Field(
         None, ge=1, description="Context limit; longer requests go elsewhere or get a 400."
     )
@@ -80,6 +86,12 @@ class BackendConfig(_Model):
                 f"url {url!r} ends with /v1; give the server root, the gateway appends /v1/..."
             )
         return url
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> BackendConfig:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give the backend's key as api_key_env or api_key_file, not both")
+        return self
 
     @field_validator("health_path", "metrics_path")
     @classmethod
@@ -352,7 +364,21 @@ class GatewayConfig(_Model):
     client_api_keys_env: str | None = Field(
         None, description="Environment variable with comma-separated client keys (None = open)."
     )
-    admin_enabled: bool = Field(False, description="Serve /admin/* debug endpoints.")
+    client_api_keys_file: str | None = Field(
+        None,
+        min_length=1,
+        description="A file with one client key per line (blank lines and # comments "
+        "ignored), read at start-up and at each reload, so keys are added and revoked "
+        "without a restart; with client_api_keys_env too, both sets are accepted.",
+    )
+    admin_enabled: bool = Field(
+        False, description="Serve /admin/* (fleet view, reload, tuning freeze)."
+    )
+    admin_api_key_env: str | None = Field(
+        None,
+        description="Environment variable holding the admin key: POST /admin/* (reload, "
+        "tuning freeze) needs it, and GET /admin/fleet takes it (else a client key).",
+    )
     block_size_tokens: int = Field(16, ge=1, description="Prefix-hash block size.")
     prefix_index_capacity_blocks: int = Field(
         200_000, ge=1, description="Router-side prefix index bound per backend."
@@ -405,15 +431,17 @@ class GatewayConfig(_Model):
 
 @dataclass(frozen=True, slots=True)
 class GatewaySecrets:
-    """Keys read from the environment once, at start-up."""
+    """Keys read from the environment and key files, at start-up and at each reload."""
 
     backend_api_keys: dict[str, str]
     client_api_keys: frozenset[str] | None
+    admin_api_key: str | None = None
 
 
 def resolve_secrets(config: GatewayConfig) -> GatewaySecrets:
-    """Read the API keys named in ``config``; every named but unset (or empty) variable is
-    reported at once, in one ConfigError, so a deployment is fixed in one pass."""
+    """Read the API keys named in ``config`` (variables and files); every named but unset
+    (or empty) variable and every unreadable or empty file is reported at once, in one
+    ConfigError, so a deployment is fixed in one pass."""
     wanted = [
         (b.api_key_env, f"backend {b.name!r} api_key_env")
         for b in config.backends
@@ -421,21 +449,64 @@ def resolve_secrets(config: GatewayConfig) -> GatewaySecrets:
     ]
     if config.client_api_keys_env is not None:
         wanted.append((config.client_api_keys_env, "client_api_keys_env"))
+    if config.admin_api_key_env is not None:
+        wanted.append((config.admin_api_key_env, "admin_api_key_env"))
     values = {name: os.environ.get(name, "").strip() for name, _ in wanted}
     missing = [f"{name} ({what})" for name, what in wanted if not values[name]]
+    files: dict[str, list[str]] = {}
+    bad_files = []
+    for path in [b.api_key_file for b in config.backends] + [config.client_api_keys_file]:
+        if path is not None and path not in files:
+            keys = _read_key_file(path)
+            files[path] = keys if isinstance(keys, list) else []
+            if isinstance(keys, str):
+                bad_files.append(keys)
+    problems = []
     if missing:
-        raise ConfigError(
+        problems.append(
             f"environment variable(s) not set or empty: {', '.join(missing)}; "
             "export them before `longroute serve`"
         )
+    if bad_files:
+        problems.append(f"key file(s) unusable: {', '.join(bad_files)}")
+    if problems:
+        raise ConfigError("; ".join(problems))
     backend_keys = {
         b.name: values[b.api_key_env] for b in config.backends if b.api_key_env is not None
     }
-    client_keys = None
+    backend_keys |= {
+        b.name: files[b.api_key_file][0] for b in config.backends if b.api_key_file is not None
+    }
+    client_keys: set[str] | None = None
     if config.client_api_keys_env is not None:
         raw = values[config.client_api_keys_env]
-        client_keys = frozenset(k.strip() for k in raw.split(",") if k.strip())
-    return GatewaySecrets(backend_keys, client_keys)
+        client_keys = {k.strip() for k in raw.split(",") if k.strip()}
+    if config.client_api_keys_file is not None:
+        client_keys = (client_keys or set()) | set(files[config.client_api_keys_file])
+    admin = values[config.admin_api_key_env] if config.admin_api_key_env is not None else None
+    return GatewaySecrets(
+        backend_keys, None if client_keys is None else frozenset(client_keys), admin
+    )
+
+
+MAX_KEY_FILE_BYTES = 1024 * 1024
+
+
+def _read_key_file(path: str) -> list[str] | str:
+    """The keys of a key file (one per line, blank lines and # comments skipped), or what
+    is wrong with it (never its content)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read(MAX_KEY_FILE_BYTES + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path} ({type(exc).__name__}: {getattr(exc, 'strerror', None) or 'unreadable'})"
+    if len(text) > MAX_KEY_FILE_BYTES:
+        return f"{path} (larger than {MAX_KEY_FILE_BYTES} bytes)"
+    keys = [line.strip() for line in text.splitlines()]
+    keys = [k for k in keys if k and not k.startswith("#")]
+    if not keys:
+        return f"{path} (no key in it)"
+    return keys
 
 
 def parse_gateway_config(data: object, source: str) -> GatewayConfig:

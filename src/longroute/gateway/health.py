@@ -156,22 +156,52 @@ class HealthMonitor:
         self.last_errors: dict[str, str] = {}
         self._clock = clock
         self._on_change = on_change
+        self._watchers: dict[str, tuple[Backend, asyncio.Task[None]]] = {}
+        self._changed = asyncio.Event()
+
+    def set_backends(self, backends: Mapping[str, Backend], config: HealthConfig) -> None:
+        """A reload: the backends and thresholds in force from now on. A backend that stays
+        keeps its breaker and verdict, unless its URL changed (then it starts over, unprobed);
+        one that left is no longer watched, and :meth:`forget` drops it once its requests in
+        flight finished (their outcomes are ignored meanwhile)."""
+        for name, backend in backends.items():
+            old = self.backends.get(name)
+            breaker = self.breakers.get(name)
+            if breaker is None or old is None or old.health_url != backend.health_url:
+                self.breakers[name] = CircuitBreaker(config.failure_threshold, config.open_s)
+                self.confirmed.discard(name)
+                self.last_errors.pop(name, None)
+            else:
+                breaker.failure_threshold = config.failure_threshold
+                breaker.open_s = config.open_s
+        self.backends = backends
+        self.config = config
+        self._changed.set()  # run() restarts the watchers that changed
+
+    def forget(self, name: str) -> None:
+        """Drops a backend that left the fleet."""
+        if name not in self.backends:
+            self.breakers.pop(name, None)
+            self.confirmed.discard(name)
+            self.last_errors.pop(name, None)
 
     def is_ready(self, name: str) -> bool:
         """The one health verdict that ``/ready``, ``longroute_backend_healthy`` and the
         admin view show: the backend answered at least once and its breaker is closed.
         (Routing is more hopeful: a closed breaker is enough, so the first requests need
         not wait for the first probe.)"""
-        return self.breakers[name].is_closed and name in self.confirmed
+        breaker = self.breakers.get(name)
+        return breaker is not None and breaker.is_closed and name in self.confirmed
 
     def ready_backends(self) -> list[str]:
         """Backends that answered and whose breaker is closed (:meth:`is_ready`)."""
-        return [name for name in self.breakers if self.is_ready(name)]
+        return [name for name in self.backends if self.is_ready(name)]
 
     def causes(self) -> str:
         """``a: HTTP 503; b: not probed yet`` over every backend that is not ready."""
         out = []
-        for name, breaker in self.breakers.items():
+        for name in self.backends:
+            breaker = self.breakers[name]
             if breaker.is_closed and name in self.confirmed:
                 continue
             cause = self.last_errors.get(name)
@@ -185,6 +215,8 @@ class HealthMonitor:
     ) -> None:
         """An outcome for ``name``: a probe, or a request's (passive check); ``detail`` says
         what failed (kept as the backend's last error)."""
+        if name not in self.backends:
+            return  # it left the fleet (a reload) while this was in flight
         if is_ok:
             self.confirmed.add(name)
             self.last_errors.pop(name, None)
@@ -203,13 +235,31 @@ class HealthMonitor:
             self._on_change(name, breaker.is_closed)
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        """Check every backend forever; cancelled at shutdown."""
-        await asyncio.gather(*(self._watch(session, b) for b in self.backends.values()))
+        """Check every backend forever, one watcher task each (restarted for a backend a
+        reload changed); cancelled at shutdown."""
+        watchers = self._watchers
+        try:
+            while True:
+                self._changed.clear()
+                for name, (backend, task) in list(watchers.items()):
+                    if self.backends.get(name) != backend:
+                        task.cancel()
+                        del watchers[name]
+                for name, backend in self.backends.items():
+                    if name not in watchers:
+                        task = asyncio.create_task(self._watch(session, backend))
+                        watchers[name] = (backend, task)
+                await self._changed.wait()
+        finally:
+            for _, task in watchers.values():
+                task.cancel()
+            await asyncio.gather(*(t for _, t in watchers.values()), return_exceptions=True)
+            watchers.clear()
 
     async def _watch(self, session: aiohttp.ClientSession, backend: Backend) -> None:
-        breaker = self.breakers[backend.name]
-        interval_s = self.config.interval_s
         while True:
+            breaker = self.breakers[backend.name]  # a reload may change the thresholds
+            interval_s = self.config.interval_s
             wait_s = breaker.seconds_until_probe(self._clock.now_s())
             if wait_s > 0.0:
                 await asyncio.sleep(min(wait_s, interval_s))

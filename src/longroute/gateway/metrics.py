@@ -100,6 +100,15 @@ class GatewayMetrics:
             registry=registry,
         )
         self.usage = UsageCounters(registry)
+        self.reloads = Counter(
+            "longroute_config_reloads",
+            "Config reloads (SIGHUP, POST /admin/reload) by result: ok, or error (the old "
+            "config kept serving).",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("ok", "error"):
+            self.reloads.labels(result)
         self.decision = Histogram(
             "longroute_routing_decision_seconds",
             "Time spent in the router's route() call.",

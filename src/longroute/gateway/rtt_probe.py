@@ -43,6 +43,18 @@ class RttProber:
         self._reachability = ReachabilityLog("RTT probe")
         self._connected: set[str] = set()
 
+    def set_backends(self, backends: Mapping[str, Backend], interval_s: float) -> None:
+        """A reload: the backends probed from the next round on. A backend that stays keeps
+        its estimate; one whose URL changed starts over; one that left is forgotten."""
+        for name, old in self.backends.items():
+            new = backends.get(name)
+            if new is None or new.health_url != old.health_url:
+                self.estimates.pop(name, None)
+                self._connected.discard(name)
+                self._reachability.forget(name)
+        self.backends = backends
+        self._interval_s = interval_s
+
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Probe forever; cancelled at shutdown."""
         while True:
@@ -59,6 +71,8 @@ class RttProber:
         except PROBE_ERRORS as exc:
             self._reachability.update(backend.name, False, _probe_failure(exc, self._timeout))
             return
+        if self.backends.get(backend.name) is not backend:
+            return  # a reload changed or removed it while this probe was out
         self._reachability.update(backend.name, True)
         if backend.name not in self._connected:
             self._connected.add(backend.name)  # warm-up: the connection, not a round trip

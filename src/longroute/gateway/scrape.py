@@ -108,6 +108,17 @@ class EngineScraper:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._reachability = ReachabilityLog("metrics scrape")
 
+    def set_backends(self, backends: Mapping[str, Backend], interval_s: float) -> None:
+        """A reload: the backends scraped from the next round on (those that left are
+        forgotten, and so are the stats of one whose URL changed)."""
+        for name, old in self.backends.items():
+            new = backends.get(name)
+            if new is None or new.metrics_url != old.metrics_url:
+                self.stats.pop(name, None)
+                self._reachability.forget(name)
+        self.backends = backends
+        self._interval_s = interval_s
+
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Scrape forever; cancelled at shutdown."""
         while True:
@@ -144,6 +155,8 @@ class EngineScraper:
             )
             reachability.update(backend.name, False, detail, is_answered=True)
             return
+        if self.backends.get(backend.name) is not backend:
+            return  # a reload changed or removed it while this scrape was out
         self._reachability.update(backend.name, True)
         self.stats[backend.name] = stats
         age_s = self._clock.now_s() - started_s

@@ -142,6 +142,18 @@ class RouterPrefixIndex:
             self._release(block_hash, endpoint)
         lru.clear()
 
+    def add_endpoint(self, endpoint: str) -> None:
+        """A new endpoint, holding nothing yet (a gateway reload added a backend); O(1)."""
+        if endpoint in self._lru:
+            raise ValueError(f"endpoint {endpoint!r} is already known")
+        self._lru[endpoint] = OrderedDict()
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        """Drop ``endpoint`` and what it holds (a reload removed its backend);
+        O(blocks it held)."""
+        self.remove_endpoint(endpoint)
+        del self._lru[endpoint]
+
     def _release(self, block_hash: int, endpoint: str) -> None:
         holders = self._holders[block_hash]
         del holders[endpoint]

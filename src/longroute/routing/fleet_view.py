@@ -43,19 +43,22 @@ class FleetView:
         names = [e.name for e in endpoints]
         if len(set(names)) != len(names):
             raise ValueError(f"endpoint names must be unique, got {names}")
-        self.endpoints: tuple[Endpoint, ...] = tuple(endpoints)
-        self._by_name = {e.name: e for e in endpoints}
         self._live = {e.name: _LiveState(e, (rtt_ms or {}).get(e.name, 0.0)) for e in endpoints}
         self._states: dict[str, EndpointState] = {}
         self._dirty: set[str] = set(self._live)
-        self._by_model: dict[str, tuple[str, ...]] = {}
-        for e in endpoints:
-            self._by_model[e.model] = (*self._by_model.get(e.model, ()), e.name)
-        self._all_names = tuple(names)
+        self._index_endpoints(endpoints)
         self.is_prefix_index_enabled = is_prefix_index_enabled
         self.prefix_index = RouterPrefixIndex(
             [e.name for e in endpoints], capacity_blocks_per_endpoint=prefix_capacity_blocks
         )
+
+    def _index_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
+        self.endpoints: tuple[Endpoint, ...] = tuple(endpoints)
+        self._by_name = {e.name: e for e in endpoints}
+        self._by_model: dict[str, tuple[str, ...]] = {}
+        for e in endpoints:
+            self._by_model[e.model] = (*self._by_model.get(e.model, ()), e.name)
+        self._all_names = tuple(e.name for e in endpoints)
 
     # ---- reads (routers) -------------------------------------------------
     @property
@@ -115,6 +118,49 @@ class FleetView:
                 live.engine_stats_age_s,
             )
         self._dirty.clear()
+
+    def set_endpoints(self, endpoints: Sequence[Endpoint]) -> list[str]:
+        """The fleet after a gateway reload; O(endpoints). An endpoint that stays keeps its
+        counters, RTT, health and prefix holdings (its description is replaced); a new one
+        starts empty; one that left is *retired*: no router sees it any more, but its
+        counters stay until its requests in flight finished and the owner calls
+        :meth:`forget`. Returns the retired names."""
+        if not endpoints:
+            raise ValueError("a fleet needs at least one endpoint")
+        names = [e.name for e in endpoints]
+        if len(set(names)) != len(names):
+            raise ValueError(f"endpoint names must be unique, got {names}")
+        for endpoint in endpoints:
+            live = self._live.get(endpoint.name)
+            if live is None:
+                self._live[endpoint.name] = _LiveState(endpoint, 0.0)
+                self.prefix_index.add_endpoint(endpoint.name)
+            else:
+                live.endpoint = endpoint
+        self._index_endpoints(endpoints)
+        self._dirty.update(self._live)
+        return [name for name in self._live if name not in self._by_name]
+
+    def forget(self, name: str) -> None:
+        """Drops a retired endpoint (its last request finished); O(blocks it held)."""
+        if name in self._by_name:
+            raise ValueError(f"endpoint {name!r} is in the fleet: only a retired one goes")
+        self._live.pop(name, None)
+        self._states.pop(name, None)
+        self._dirty.discard(name)
+        if name in self.prefix_index.endpoint_names:
+            self.prefix_index.forget_endpoint(name)
+
+    def reset_endpoint(self, name: str) -> None:
+        """Forgets what is known of ``name``'s engine (its URL or model changed on a reload):
+        its prefix holdings, RTT and scraped stats; its counters stay (they count requests
+        still in flight there)."""
+        live = self._live[name]
+        live.rtt_ms = 0.0
+        live.engine_num_waiting = live.engine_num_running = None
+        live.engine_kv_usage = live.engine_stats_age_s = None
+        self.prefix_index.remove_endpoint(name)
+        self._dirty.add(name)
 
     def record_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
         live = self._live[endpoint]

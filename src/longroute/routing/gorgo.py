@@ -177,6 +177,13 @@ class GorgoRouter(BaseRouter):
         if entry is not None:
             self.queued_tokens[entry[0]] -= entry[1]
 
+    def adopt_state(self, old: GorgoRouter) -> None:
+        """Takes over ``old``'s queued work per endpoint and per request in flight (a
+        gateway reload changed the weights or the release rule), so the queue term stays
+        right while those requests finish."""
+        self.queued_tokens.update(old.queued_tokens)
+        self._work.update(old._work)
+
     @property
     def num_inflight(self) -> int:
         """Requests counted in :attr:`queued_tokens` (0 after every request completed)."""

@@ -338,6 +338,16 @@ class TtcaRouter(BaseRouter):
             p = flight.prediction
             flight.model.observe_tpot(p.tpot_s, observed, p.step_s)
 
+    def adopt_state(self, old: TtcaRouter) -> None:
+        """Takes over what ``old`` learned and counts (a gateway reload changed the router's
+        parameters): each endpoint's time model with its calibration corrections and
+        pending work, and the requests in flight, so their completions still teach and
+        release. The new ``calibration_alpha`` applies from now on."""
+        for _, model in old._models.values():
+            model.alpha = self.calibration_alpha
+        self._models.update(old._models)
+        self._flights.update(old._flights)
+
     # ------------------------------------------------------------------ reads
 
     def calibration(self) -> dict[str, Calibration]:

@@ -1,0 +1,177 @@
+"""Hot reload (SIGHUP, ``POST /admin/reload``): a new config, checked whole, swapped in.
+
+:func:`prepare` reads the config file again, resolves its secrets and builds a
+complete :class:`~longroute.gateway.wiring.Wiring` from it, keeping the router
+object when its config did not change; anything wrong (a YAML or schema error,
+an unset key variable, an unknown router, a predictor file missing, a field
+that only a restart can change) raises :class:`ReloadError` and nothing
+changes. The gateway then applies it (``Gateway.apply_wiring``) in one step of
+the event loop, so no request ever sees half of it: backends may come, go or
+change, the router and its parameters, the admission limits, the client keys
+and the access log may change. State keyed by backend stays with the backends
+that stay: the prefix index, RTT estimates, health, in-flight counters and the
+router's learned state (a rebuilt router adopts it: ``adopt_state``). A backend
+that left serves its requests in flight to their end; :func:`retire` forgets
+it once they finished. :func:`describe_changes` says what changed, for the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from longroute.clock import WallClock
+from longroute.errors import ConfigError
+from longroute.gateway.config import GatewayConfig, load_gateway_config, resolve_secrets
+from longroute.gateway.metrics import GatewayMetrics
+from longroute.gateway.wiring import Wiring
+from longroute.registry import RegistryError
+from longroute.routing.base import Router
+
+log = logging.getLogger("longroute.gateway")
+
+RESTART_ONLY = (
+    "listen",
+    "http",
+    "block_size_tokens",
+    "prefix_index_capacity_blocks",
+    "otel",
+    "admission.queue_policy",
+    "admission.queue_policy_params",
+)
+"""Fields a reload cannot change (the listener, the HTTP limits, the prefix hashing, the
+tracer, the queues' order): a config that changes one is refused, naming it."""
+RETIRE_POLL_S = 0.2
+
+
+class ReloadError(Exception):
+    """The new config cannot be served; the message says why (the old one still serves)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadResult:
+    """What a reload did: ``error`` None when the new config serves; ``changes`` as logged."""
+
+    error: str | None
+    changes: tuple[str, ...] = ()
+
+    @property
+    def is_ok(self) -> bool:
+        return self.error is None
+
+
+def prepare(
+    path: Path,
+    current: Wiring,
+    metrics: GatewayMetrics,
+    clock: WallClock,
+    request_numbers: Any,
+) -> Wiring:
+    """The wiring of ``path``'s config, built and checked whole; ReloadError otherwise."""
+    try:
+        config = load_gateway_config(path)
+        refused = restart_only_changes(current.config, config)
+        if refused:
+            raise ReloadError(
+                f"{path}: {', '.join(refused)} cannot change on a reload; restart the "
+                "gateway for that (nothing was changed)"
+            )
+        secrets = resolve_secrets(config)
+        kept = current.router if config.router == current.config.router else None
+        wiring = Wiring(config, secrets, metrics, clock, request_numbers, router=kept)
+    except ReloadError:
+        raise
+    except (ConfigError, RegistryError, ValueError, TypeError, OSError) as exc:
+        raise ReloadError(str(exc)) from None
+    if kept is None:
+        adopt_router_state(wiring.router, current.router)
+    return wiring
+
+
+def adopt_router_state(new: Router, old: Router) -> None:
+    """A rebuilt router of the same kind takes over its predecessor's learned and in-flight
+    state (``adopt_state``, where the router has one)."""
+    adopt = getattr(new, "adopt_state", None)
+    if adopt is not None and type(new) is type(old):
+        adopt(old)
+
+
+def restart_only_changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The dotted names of RESTART_ONLY fields that differ."""
+    changed = []
+    for dotted in RESTART_ONLY:
+        if _field(old, dotted) != _field(new, dotted):
+            changed.append(dotted)
+    return changed
+
+
+def _field(config: GatewayConfig, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def describe_changes(old: GatewayConfig, new: GatewayConfig) -> tuple[str, ...]:
+    """One line per change: backends added, removed or changed (which fields), and every
+    other field by its dotted name. Values of key fields are never shown (only the names
+    of the variables and files that hold keys are in a config anyway)."""
+    lines: list[str] = []
+    old_backends = {b.name: b.model_dump() for b in old.backends}
+    new_backends = {b.name: b.model_dump() for b in new.backends}
+    for name in new_backends.keys() - old_backends.keys():
+        lines.append(f"backend {name} added (model {new_backends[name]['model']})")
+    for name in old_backends.keys() - new_backends.keys():
+        lines.append(f"backend {name} removed (its requests in flight finish there)")
+    for name in old_backends.keys() & new_backends.keys():
+        fields = _changed_paths(old_backends[name], new_backends[name], "")
+        if fields:
+            lines.append(f"backend {name} changed: {', '.join(fields)}")
+    old_rest = old.model_dump(exclude={"backends"})
+    new_rest = new.model_dump(exclude={"backends"})
+    lines += [f"{path} changed" for path in _changed_paths(old_rest, new_rest, "")]
+    return tuple(sorted(lines))
+
+
+def _changed_paths(old: Any, new: Any, prefix: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        paths: list[str] = []
+        for key in sorted(old.keys() | new.keys(), key=str):
+            paths += _changed_paths(old.get(key), new.get(key), f"{prefix}{key}.")
+        return paths
+    return [] if old == new else [prefix.rstrip(".")]
+
+
+async def retire(
+    names: Iterable[str],
+    inflight: Callable[[str], int],
+    forget: Callable[[str], None],
+    close_idle_pools: Callable[[], Any],
+) -> None:
+    """Waits for each backend that left to finish its requests in flight, then forgets it
+    (fleet view, admission, health) and closes its pool; one task per reload."""
+    waiting = set(names)
+    while True:
+        for name in [n for n in waiting if inflight(n) == 0]:
+            forget(name)
+            waiting.discard(name)
+            log.info("backend %s left the fleet: its last request finished", name)
+        if not waiting and await close_idle_pools() == 0:
+            return
+        await asyncio.sleep(RETIRE_POLL_S)
+
+
+__all__ = [
+    "RESTART_ONLY",
+    "ReloadError",
+    "ReloadResult",
+    "adopt_router_state",
+    "describe_changes",
+    "prepare",
+    "restart_only_changes",
+    "retire",
+]
