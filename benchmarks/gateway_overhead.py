@@ -5,8 +5,9 @@ every chat request at once with 16 tokens (streamed as 16 SSE chunks, or as
 one JSON body), and 32 closed-loop clients against
 
 * the backend directly,
-* ``longroute serve`` with the round-robin router,
-* ``longroute serve`` with the prefix-cache router,
+* ``longroute serve`` with the round-robin router, and again with its access log (to
+  a file) and usage counters on (`` +log``),
+* ``longroute serve`` with the prefix-cache router, both ways too,
 * sglang-router 0.3.2 (``--policy cache_aware``), installed in its own venv
   under ``~/.cache/longroute/sglang-router-0.3.2`` on first use.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -36,6 +38,7 @@ SGLANG_VERSION = "0.3.2"
 CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "longroute"))
 MODEL = "fast-16"
 REPLY_TOKENS = 16
+OBSERVED = " +log"  # the label suffix of a gateway with the access log and usage counters on
 
 
 # ---- the fixed fast backend (runs with --serve-backend PORT) ------------------
@@ -148,19 +151,21 @@ def _sglang_python() -> Path:
     return python
 
 
-def _gateway_config(path: Path, port: int, backend_url: str, router: str) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "listen": {"host": "127.0.0.1", "port": port},
-                "router": {"name": router},
-                "backends": [
-                    {"name": "fast", "url": backend_url, "model": MODEL, "max_concurrency": 1024}
-                ],
-                "admission": {"max_queue": 4096},
-            }
-        )
-    )
+def _gateway_config(
+    path: Path, port: int, backend_url: str, router: str, access_log: Path | None
+) -> None:
+    """``access_log`` None: no access log and no usage counters; else both on (the log
+    written to that file, as a deployment would)."""
+    config: dict[str, object] = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "router": {"name": router},
+        "backends": [{"name": "fast", "url": backend_url, "model": MODEL, "max_concurrency": 1024}],
+        "admission": {"max_queue": 4096},
+        "usage_metrics": access_log is not None,
+    }
+    if access_log is not None:
+        config["access_log"] = {"path": str(access_log)}
+    path.write_text(json.dumps(config))
 
 
 def main() -> None:
@@ -195,15 +200,17 @@ def _run_all(args: argparse.Namespace) -> None:
         wait_ready(f"{backend}/health", procs[-1])
         targets = {"direct": backend}
         pids: dict[str, int | None] = {"direct": None}
-        for router in ("round-robin", "prefix-cache"):
+        for router, is_observed in itertools.product(("round-robin", "prefix-cache"), (0, 1)):
             port = free_port()
-            cfg = tmp / f"gw-{router}.yaml"
-            _gateway_config(cfg, port, backend, router)
+            label = f"longroute {router}" + (OBSERVED if is_observed else "")
+            cfg = tmp / f"gw-{router}-{is_observed}.yaml"
+            access_log = tmp / f"access-{router}.jsonl" if is_observed else None
+            _gateway_config(cfg, port, backend, router, access_log)
             procs.append(start([sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
                                  "--log-level", "warning"], tmp / f"gw-{router}.log"))  # fmt: skip
             wait_ready(f"http://127.0.0.1:{port}/ready", procs[-1])
-            targets[f"longroute {router}"] = f"http://127.0.0.1:{port}"
-            pids[f"longroute {router}"] = procs[-1].pid
+            targets[label] = f"http://127.0.0.1:{port}"
+            pids[label] = procs[-1].pid
         if not args.no_sglang:
             port = free_port()
             procs.append(start([str(_sglang_python()), "-m", "sglang_router.launch_router",
@@ -228,7 +235,42 @@ def _run_all(args: argparse.Namespace) -> None:
         for proc in reversed(procs):
             stop(proc)
     _print_ratios(results)
-    print(json.dumps(results, sort_keys=True))
+    goals = _goals(results)
+    print(json.dumps({**results, "goals": goals}, sort_keys=True))
+
+
+def _goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, object]]:
+    """Issue 32's: the access log and usage counters on cost at most 5% of throughput,
+    and the gateway with them on serves at least sglang-router's throughput; the worst
+    case over routers and modes (streamed or not)."""
+    costs, versus = [], []
+    for label, res in results.items():
+        if not label.endswith(OBSERVED):
+            continue
+        plain = results[label.removesuffix(OBSERVED)]
+        for mode, r in res.items():
+            costs.append(r["req_per_s"] / plain[mode]["req_per_s"])
+            if "throughput_vs_sglang" in r:
+                versus.append(r["throughput_vs_sglang"])
+    for name, ratios in (("observed_vs_plain", costs), ("observed_vs_sglang", versus)):
+        if ratios:
+            print(
+                f"{name}: worst {min(ratios):.3f}x (each: {', '.join(f'{x:.3f}' for x in ratios)})"
+            )
+    cost = min(costs) if costs else None
+    vs = min(versus) if versus else None
+    return {
+        "observed_vs_plain": {
+            "target": ">= 0.95x the throughput with access log and usage metrics off",
+            "value": cost,
+            "met": None if cost is None else cost >= 0.95,
+        },
+        "observed_vs_sglang": {
+            "target": ">= 1.0x sglang-router's throughput with both on",
+            "value": vs,
+            "met": None if vs is None else vs >= 1.0,
+        },
+    }
 
 
 def _print_target(label: str, res: dict[str, dict[str, float]],
@@ -236,10 +278,11 @@ def _print_target(label: str, res: dict[str, dict[str, float]],
     for mode, r in res.items():
         added = r["p50_ms"] - direct[mode]["p50_ms"] if direct else 0.0
         r["added_p50_ms"] = added
-        cpu = f"  cpu {r['cpu_us_per_req']:5.0f} us/req" if "cpu_us_per_req" in r else ""
-        print(f"{label:>24} {mode:>10}: {r['req_per_s']:8.0f} req/s  p50 {r['p50_ms']:6.2f} ms  "
-              f"p99 {r['p99_ms']:6.2f} ms  added p50 {added:6.2f} ms  "
-              f"errors {r['num_errors']:.0f}{cpu}", flush=True)  # fmt: skip
+        cpu = f" cpu {r['cpu_us_per_req']:4.0f} us" if "cpu_us_per_req" in r else ""
+        # within 100 columns: label, mode, req/s, p50, p99 and added p50 in ms, errors, CPU
+        print(f"{label:>27} {mode:>10} {r['req_per_s']:6.0f}/s p50 {r['p50_ms']:5.2f} "
+              f"p99 {r['p99_ms']:6.2f} +{added:5.2f} ms err {r['num_errors']:.0f}{cpu}",
+              flush=True)  # fmt: skip
 
 
 def _print_ratios(results: dict[str, dict[str, dict[str, float]]]) -> None:
