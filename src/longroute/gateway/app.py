@@ -436,9 +436,12 @@ class Gateway:
 
     def _retire(self, names: list[str]) -> None:
         def forget(name: str) -> None:
+            if name in self.wiring.backends:
+                return  # a later reload brought it back: it is in the fleet again
             self.fleet.forget(name)
             self.admission.forget(name)
             self.health.forget(name)
+            self.proxy.forget(name)
 
         task = asyncio.create_task(
             retire(names, self.admission.inflight, forget, self.proxy.close_idle_retired)

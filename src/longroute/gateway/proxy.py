@@ -166,10 +166,15 @@ class Proxy:
             self._headers[name] = _backend_headers(backend)
             self._stream_headers[name] = {**self._headers[name], "Cache-Control": "no-cache"}
         self._retiring.extend(retiring.values())
-        for name in retired:
-            if name not in wanted:
-                del self._headers[name], self._stream_headers[name], self._urls[name]
         return retired
+
+    def forget(self, name: str) -> None:
+        """Drops what is kept for a backend that left, once its last request finished (its
+        requests in flight still read its response headers)."""
+        if name not in self._pools:
+            self._headers.pop(name, None)
+            self._stream_headers.pop(name, None)
+            self._urls.pop(name, None)
 
     async def close_idle_retired(self) -> int:
         """Closes the replaced pools that carry no request any more; returns how many are

@@ -124,12 +124,13 @@ class FleetView:
         counters, RTT, health and prefix holdings (its description is replaced); a new one
         starts empty; one that left is *retired*: no router sees it any more, but its
         counters stay until its requests in flight finished and the owner calls
-        :meth:`forget`. Returns the retired names."""
+        :meth:`forget`. Returns the names this call retired."""
         if not endpoints:
             raise ValueError("a fleet needs at least one endpoint")
         names = [e.name for e in endpoints]
         if len(set(names)) != len(names):
             raise ValueError(f"endpoint names must be unique, got {names}")
+        retired = [name for name in self._by_name if name not in set(names)]
         for endpoint in endpoints:
             live = self._live.get(endpoint.name)
             if live is None:
@@ -139,7 +140,7 @@ class FleetView:
                 live.endpoint = endpoint
         self._index_endpoints(endpoints)
         self._dirty.update(self._live)
-        return [name for name in self._live if name not in self._by_name]
+        return retired
 
     def forget(self, name: str) -> None:
         """Drops a retired endpoint (its last request finished); O(blocks it held)."""
