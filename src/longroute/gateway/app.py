@@ -51,6 +51,7 @@ from longroute.gateway.parse import ROUTES
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter
 from longroute.gateway.reload import ReloadError, ReloadResult, describe_changes, prepare, retire
+from longroute.gateway.tuning import LiveTuning
 from longroute.gateway.wiring import Wiring, build_fleet, monitors
 from longroute.routing.base import Router
 
@@ -128,6 +129,8 @@ class Gateway:
             self.tracing,
             keepalive_s=config.backend_keepalive_s,
         )
+        self.tuning: LiveTuning | None = None
+        self._set_tuning(wiring)
         self.rtt, self.scraper = monitors(config, wiring.backends, self.fleet, self.clock)
         self.access_log = self._access_log(config)
         self.observer = RequestObserver(self._sinks())
@@ -177,6 +180,22 @@ class Gateway:
             sinks.append(self.access_log)
         return sinks
 
+    def _set_tuning(self, wiring: Wiring) -> None:
+        """Live tuning as ``wiring`` asks: kept while neither its config nor the router
+        changed (a frozen tuner stays frozen), else started over on the router in force."""
+        spec = wiring.config.tuning
+        current = self.tuning
+        if current is not None and current.config == spec and current.router is wiring.router:
+            return
+        if current is not None:
+            self.metrics.registry.unregister(current)
+            log.info("live tuning stops: its config or its router changed")
+        self.tuning = None if spec is None else LiveTuning(spec, wiring.router)
+        if self.tuning is not None:
+            self.metrics.registry.register(self.tuning)
+            log.info("live tuning starts on router %s", wiring.router.name)
+        self.proxy.tuning = self.tuning
+
     def _route_table(self) -> dict[tuple[str, str], RouteHandler]:
         routes: dict[tuple[str, str], RouteHandler] = {
             ("POST", route): CompletionHandler(self, route) for route in ROUTES
@@ -188,6 +207,7 @@ class Gateway:
         if self.config.admin_enabled:
             routes[("GET", "/admin/fleet")] = self.handle_admin_fleet
             routes[("POST", "/admin/reload")] = self.handle_admin_reload
+            routes[("POST", "/admin/tuning/freeze")] = self.handle_admin_freeze
         return routes
 
     async def dispatch(
@@ -264,6 +284,27 @@ class Gateway:
                 400, f"reload refused: {result.error}", kind="reload", code="invalid_config"
             ).response()
         body = {"status": "reloaded", "changes": list(result.changes)}
+        return HttpResponse(200, json.dumps(body).encode(), JSON_TYPE)
+
+    async def handle_admin_freeze(
+        self, http_request: HttpRequest, _: ResponseStream, __: str
+    ) -> Any:
+        """Freezes live tuning now: 200 with the weights and the file written."""
+        try:
+            self._authorize_admin(http_request, is_change=True)
+        except GatewayError as err:
+            return err.response()
+        if self.tuning is None:
+            return GatewayError(
+                409, "live tuning is off (no tuning section in the config)", kind="tuning",
+                code="tuning_off",
+            ).response()  # fmt: skip
+        result = self.tuning.freeze("on request (POST /admin/tuning/freeze)")
+        body = {
+            "weights": result.weights,
+            "weights_file": None if result.path is None else str(result.path),
+            "error": result.error,
+        }
         return HttpResponse(200, json.dumps(body).encode(), JSON_TYPE)
 
     def _authorize_admin(self, http_request: HttpRequest, *, is_change: bool) -> None:
@@ -417,6 +458,7 @@ class Gateway:
         elif self.access_log is not None:
             self.access_log.reopen()  # logrotate moved it: reload opens it again
         self.observer = RequestObserver(self._sinks())
+        self._set_tuning(wiring)
         self.routes = self._route_table()
         self._sync_loops()
         if retired or replaced:
@@ -483,7 +525,7 @@ class Gateway:
         await self.proxy.close()
         if self.access_log is not None:
             self.access_log.close()
-        self.tracing.close()
+        await asyncio.to_thread(self.tracing.close)  # an export may wait on a collector
         log.removeFilter(self.log_filter)
 
 

@@ -109,6 +109,12 @@ class RouterConfig(_Model):
         "paths of fitted model files (`longroute fit`), relative to the working directory.",
     )
     seed: int = Field(0, description="Seed of the router's random.Random.")
+    weights_file: str | None = Field(
+        None,
+        min_length=1,
+        description="Frozen weights (`longroute tune -o`, or the gateway's own live tuning) "
+        "set on the router after its params; they must have been tuned for this router.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -263,6 +269,44 @@ class ShutdownConfig(_Model):
     )
 
 
+class TuningConfig(_Model):
+    """Live tuning of the router's weights on the gateway's own traffic (GORGO's §03), then
+    frozen (its §06: live tuning past its window makes heavy-tailed excursions)."""
+
+    objective: Literal["ttft-p95", "e2e-p95", "mix"] = Field(
+        "mix",
+        description="p95 TTFT, p95 end-to-end, or half of each over a window; TTFT alone "
+        "rewards piling load onto one backend (GORGO §06): keep the bounds then.",
+    )
+    window_requests: int = Field(
+        64, ge=4, le=100_000, description="Attempts judging each candidate (a window)."
+    )
+    bounds: dict[str, tuple[float, float]] = Field(
+        description="[low, high] per weight of the router (linear, > 0), every weight: "
+        "gorgo's load-weight floor and RTT-weight cap, say queue_weight: [0.1, 2], "
+        "rtt_weight: [0.001, 4].",
+    )
+    initial: dict[str, float] | None = Field(
+        None, description="Starting weights (None: the router's own)."
+    )
+    sigma0: float = Field(0.5, gt=0, le=2, description="Initial step size (log space).")
+    reevaluate_every: int | None = Field(
+        4, ge=1, description="Re-measure the incumbent after this many proposals (noise)."
+    )
+    freeze_after_windows: int | None = Field(
+        30,
+        ge=1,
+        description="Freeze after this many windows (None: only POST /admin/tuning/freeze; "
+        "not recommended, see docs/operations.md).",
+    )
+    weights_file: str = Field(
+        min_length=1,
+        description="Where the frozen weights are written (atomically); point "
+        "router.weights_file at it to serve them after a restart or reload.",
+    )
+    seed: int = Field(0, description="Seed of the tuner's random.Random.")
+
+
 class AccessLogConfig(_Model):
     """One JSON line per request (fields: docs/operations.md); off unless configured."""
 
@@ -346,6 +390,9 @@ class GatewayConfig(_Model):
     shutdown: ShutdownConfig = Field(default_factory=lambda: ShutdownConfig())
     access_log: AccessLogConfig | None = Field(
         None, description="The access log (one JSON line per request); None: off."
+    )
+    tuning: TuningConfig | None = Field(
+        None, description="Live tuning of the router's weights, then frozen; None: off."
     )
     otel: OtelConfig | None = Field(
         None, description="OpenTelemetry tracing (the otel extra); None: off."

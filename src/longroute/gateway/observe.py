@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 import re
 import time
@@ -29,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from longroute.gateway.usage import Usage, count_events, parse_usage
+
+log = logging.getLogger("longroute.gateway")
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_CHARS = 128
@@ -255,14 +258,17 @@ class RequestSink(Protocol):
 
 class RequestObserver:
     """The gateway's sinks, called in order at each request's end; a sink that fails is
-    logged by the caller, never the request's failure."""
+    logged and skipped, never the request's failure nor the next sink's."""
 
     def __init__(self, sinks: Iterable[RequestSink] = ()) -> None:
         self.sinks = tuple(sinks)
 
     def finish(self, trace: RequestTrace) -> None:
         for sink in self.sinks:
-            sink.finish(trace)
+            try:
+                sink.finish(trace)
+            except Exception:
+                log.exception("request sink %s failed on request %s", sink, trace.request_id)
 
 
 __all__ = [

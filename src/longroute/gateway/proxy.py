@@ -69,6 +69,7 @@ from longroute.routing.fleet_view import CandidatesExhaustedError, NoCandidateEr
 from longroute.types import Request
 
 if TYPE_CHECKING:
+    from longroute.gateway.tuning import LiveTuning
     from longroute.gateway.wiring import Wiring
 
 log = logging.getLogger("longroute.gateway")
@@ -134,6 +135,7 @@ class Proxy:
         self.health = health
         self.metrics = metrics
         self.tracing = tracing
+        self.tuning: LiveTuning | None = None  # set by the gateway when it tunes live
         self._keepalive_s = keepalive_s
         self._pools: dict[str, UpstreamPool] = {}
         self._headers: dict[str, dict[str, str]] = {}
@@ -225,6 +227,8 @@ class Proxy:
             trace.scores = grant.decision.scores
             trace.granted_s = now_s = time.monotonic()
             self.tracing.granted(trace, waited_since_s, now_s)
+            if self.tuning is not None:
+                self.tuning.on_dispatch(grant.request, backend.name, now_s)
             outcome = _Outcome()
             # as dispatched: with the routing decision's priority (sent to priority backends)
             result = await self._attempt(stream, job, grant, backend, outcome)
@@ -310,6 +314,17 @@ class Proxy:
             self.admission.finish(
                 request, backend.name, has_first_byte=outcome.has_first_byte, is_ok=outcome.is_ok
             )
+            tuning = self.tuning
+            if tuning is not None:
+                trace = job.trace
+                tuning.on_attempt(
+                    request,
+                    backend.name,
+                    started_s=trace.started_s,
+                    dispatched_s=trace.granted_s or trace.started_s,
+                    first_byte_s=trace.first_byte_s if outcome.has_first_byte else None,
+                    ended_s=time.monotonic(),
+                )
 
     async def _exchange(
         self,

@@ -114,7 +114,28 @@ def build_router(config: GatewayConfig, backends: Mapping[str, Backend]) -> Rout
     except OSError as exc:  # FileNotFoundError and friends name the file
         raise ConfigError(f"router {spec.name!r}: {exc}") from None
     check_router(router, config, backends)
+    if spec.weights_file is not None:
+        set_frozen_weights(router, Path(spec.weights_file))
     return router
+
+
+def set_frozen_weights(router: Router, path: Path) -> None:
+    """Sets the frozen weights of ``path`` on ``router``; ConfigError naming the file when
+    it cannot be read, was tuned for another router or names weights the router lacks."""
+    from longroute.tuning import WeightsFileError, as_tunable, load_weights
+
+    try:
+        frozen = load_weights(path)
+        if frozen.router != router.name:
+            raise ConfigError(
+                f"router.weights_file {path}: tuned for router {frozen.router!r}, not "
+                f"{router.name!r}"
+            )
+        as_tunable(router).set_weights(frozen.weights)
+    except (WeightsFileError, TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"router.weights_file: {exc}") from None
 
 
 def check_router(router: Router, config: GatewayConfig, backends: Mapping[str, Backend]) -> None:

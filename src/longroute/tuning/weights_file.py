@@ -13,6 +13,7 @@ Read once at start-up; never on a request path.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def _check_weight(name: object, value: object) -> None:
 
 
 def save_weights(frozen: FrozenWeights, path: Path) -> None:
-    """Write ``frozen`` to ``path`` as YAML (parent folders are created)."""
+    """Write ``frozen`` to ``path`` as YAML, atomically (parent folders are created)."""
     data: dict[str, Any] = {
         "router": frozen.router,
         "weights": {name: float(value) for name, value in frozen.weights.items()},
@@ -72,7 +73,14 @@ def save_weights(frozen: FrozenWeights, path: Path) -> None:
     except yaml.YAMLError as exc:
         raise WeightsFileError(f"{path}: tuned_on holds a value YAML cannot store: {exc}") from exc
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    # atomically: a reader (a gateway reloading, a simulate --weights) sees the old file
+    # or the new one, never half of one
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def load_weights(path: Path) -> FrozenWeights:
