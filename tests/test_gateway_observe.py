@@ -274,3 +274,32 @@ async def _usage_counters_run(tmp_path: Path) -> None:
     assert completion == sum(u["completion"] for u in seen) + unreported
     assert prompt == sum(x["prompt_tokens"] for x in lines)
     assert all(x["prompt_tokens"] > 0 for x in estimated)  # the gateway's own estimate
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        (b'"usage": {"prompt_tokens": 8, "completion_tokens": 16}}', (8, None, 16)),
+        (
+            b'"usage":{"prompt_tokens":1003,"completion_tokens":2,"total_tokens":1005,'
+            b'"prompt_tokens_details":{"cached_tokens":896}}}',
+            (1003, 896, 2),
+        ),
+        (
+            b'"usage": {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 9}}',
+            (5, 5, None),
+        ),
+        (b'"usage": null, "x": {"prompt_tokens": 5}', None),
+        (b'"usage": {"total_tokens": 5}', None),
+        (b'"usage": {"prompt_tokens": 99999999999999}', None),
+        (b"no usage here", None),
+        (b'"usage": {"prompt_tokens": 1}} "usage": {"prompt_tokens": 2}}', (2, None, None)),
+    ],
+)
+def test_parse_usage_reads_the_last_usage_object(tail: bytes, expected: Any) -> None:
+    usage = parse_usage(tail)
+    if expected is None:
+        assert usage is None
+    else:
+        assert usage is not None and usage.source == "backend"
+        assert (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens) == expected

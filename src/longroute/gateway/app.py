@@ -173,7 +173,8 @@ class Gateway:
         )
 
     def _sinks(self) -> list[RequestSink]:
-        sinks: list[RequestSink] = [self.tracing]
+        # the base tracer's finish does nothing: it is a sink only when it traces
+        sinks: list[RequestSink] = [] if type(self.tracing) is Tracing else [self.tracing]
         if self.config.usage_metrics:
             sinks.append(self.metrics.usage)
         if self.access_log is not None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from longroute.estimators.service_time import Calibration
+from longroute.gateway.hot_metrics import HotCollector, HotCounter, HotHistogram
 from longroute.gateway.observe import RequestTrace
 from longroute.routing.fleet_view import FleetView
 
@@ -65,31 +66,28 @@ class GatewayMetrics:
         metrics before its fleet view)."""
         self.registry = CollectorRegistry()
         registry = self.registry
-        self.requests = Counter(
+        self.requests = HotCounter(
             "longroute_requests",
             "Requests answered, by route, requested model, backend and HTTP status.",
             ["route", "model", "endpoint", "code"],
-            registry=registry,
         )
         self.errors = Counter("longroute_errors", "Errors by kind.", ["kind"], registry=registry)
         self.retries = Counter(
             "longroute_retries", "Failover attempts on another backend.", registry=registry
         )
-        self.ttft = Histogram(
+        self.ttft = HotHistogram(
             "longroute_ttft_seconds",
             "Time to the first streamed byte, from the request's arrival, by served model "
             "and backend.",
             ["model", "endpoint"],
             buckets=LATENCY_BUCKETS_S,
-            registry=registry,
         )
-        self.e2e = Histogram(
+        self.e2e = HotHistogram(
             "longroute_e2e_seconds",
             "Time to the last byte of an answered request, from its arrival, by served "
             "model and backend.",
             ["model", "endpoint"],
             buckets=LATENCY_BUCKETS_S,
-            registry=registry,
         )
         self.failovers = Counter(
             "longroute_failovers",
@@ -99,7 +97,7 @@ class GatewayMetrics:
             ["reason"],
             registry=registry,
         )
-        self.usage = UsageCounters(registry)
+        self.usage = UsageCounters()
         self.reloads = Counter(
             "longroute_config_reloads",
             "Config reloads (SIGHUP, POST /admin/reload) by result: ok, or error (the old "
@@ -109,11 +107,14 @@ class GatewayMetrics:
         )
         for result in ("ok", "error"):
             self.reloads.labels(result)
-        self.decision = Histogram(
+        self.decision = HotHistogram(
             "longroute_routing_decision_seconds",
             "Time spent in the router's route() call.",
             buckets=DECISION_BUCKETS_S,
-            registry=registry,
+        )
+        usage = self.usage
+        registry.register(
+            HotCollector([self.requests, self.ttft, self.e2e, self.decision, *usage.families])
         )
         self.context_requests = Counter(
             "longroute_context_requests",
@@ -141,8 +142,6 @@ class GatewayMetrics:
         if fleet is not None:
             self.watch(fleet, calibration)
         self._request_counts: dict[tuple[str, str, str, int], Any] = {}
-        self._ttfts: dict[tuple[str, str], Any] = {}
-        self._e2es: dict[tuple[str, str], Any] = {}
 
     def watch(
         self,
@@ -165,12 +164,6 @@ class GatewayMetrics:
             self._calibration = _CalibrationCollector(fleet, calibration)
             self.registry.register(self._calibration)
 
-    def observe_ttft(self, model: str, endpoint: str, seconds: float) -> None:
-        _child(self._ttfts, self.ttft, (model, endpoint)).observe(seconds)
-
-    def observe_e2e(self, model: str, endpoint: str, seconds: float) -> None:
-        _child(self._e2es, self.e2e, (model, endpoint)).observe(seconds)
-
     def count_request(self, route: str, model: str, endpoint: str, status: int) -> None:
         """One answered request; the labelled child is looked up once per label set."""
         key = (route, model, endpoint, status)
@@ -182,65 +175,51 @@ class GatewayMetrics:
             self._request_counts[key] = child
         child.inc()
 
+    def observe_ttft(self, model: str, endpoint: str, seconds: float) -> None:
+        self.ttft.labels(model, endpoint).observe(seconds)
+
+    def observe_e2e(self, model: str, endpoint: str, seconds: float) -> None:
+        self.e2e.labels(model, endpoint).observe(seconds)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _child(cache: dict[tuple[str, str], Any], metric: Any, labels: tuple[str, str]) -> Any:
-    """``metric``'s child of ``labels``, looked up once (labels are backends and served
-    models, a set the config bounds)."""
-    child = cache.get(labels)
-    if child is None:
-        child = cache[labels] = metric.labels(*labels)
-    return child
 
 
 class UsageCounters:
     """Tokens per served model and backend, from each answer's usage
     (:meth:`~longroute.gateway.observe.RequestTrace.usage`): a request sink."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self) -> None:
         labels = ["model", "endpoint"]
-        self.prompt = Counter(
+        self.prompt = HotCounter(
             "longroute_prompt_tokens",
             "Prompt tokens of answered requests: the backend's usage, else the gateway's estimate.",
             labels,
-            registry=registry,
         )
-        self.cached = Counter(
+        self.cached = HotCounter(
             "longroute_cached_prompt_tokens",
             "Prompt tokens the backend served from its prefix cache (usage.prompt_tokens_"
             "details.cached_tokens; engines that do not report it add nothing).",
             labels,
-            registry=registry,
         )
-        self.completion = Counter(
+        self.completion = HotCounter(
             "longroute_completion_tokens",
             "Completion tokens of answered requests: the backend's usage, else the stream's "
             "events counted.",
             labels,
-            registry=registry,
         )
-        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self.families = (self.prompt, self.cached, self.completion)
 
     def finish(self, trace: RequestTrace) -> None:
         if trace.status >= 400 or not trace.endpoint:
             return
         key = (trace.served_model, trace.endpoint)
-        children = self._children.get(key)
-        if children is None:
-            children = self._children[key] = (
-                self.prompt.labels(*key),
-                self.cached.labels(*key),
-                self.completion.labels(*key),
-            )
         usage = trace.usage()
-        if usage.prompt_tokens:
-            children[0].inc(usage.prompt_tokens)
-        if usage.cached_tokens:
-            children[1].inc(usage.cached_tokens)
-        if usage.completion_tokens:
-            children[2].inc(usage.completion_tokens)
+        # every series of a backend exists once it answered, a zero cached count included
+        # (a hit ratio is then 0, not missing)
+        self.prompt.labels(*key).inc(usage.prompt_tokens or 0)
+        self.cached.labels(*key).inc(usage.cached_tokens or 0)
+        self.completion.labels(*key).inc(usage.completion_tokens or 0)
 
 
 class _LiveCollector:

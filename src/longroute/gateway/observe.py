@@ -168,7 +168,7 @@ class RequestTrace:
         self.served_model = ""  # that backend's model
         self.is_stream = False
         self.num_attempts = 0
-        self.failovers: list[str] = []  # the reason of each failed attempt, in order
+        self.failovers: tuple[str, ...] = ()  # the reason of each failed attempt, in order
         self.granted_s: float | None = None  # the last attempt's grant
         self.decision_s = 0.0  # routing time, over every attempt
         self.scores: Mapping[str, float] | None = None  # the last decision's
@@ -219,9 +219,6 @@ class RequestTrace:
                 usage = Usage(estimate, None, completion, "estimated")
             self._usage = usage
         return usage
-
-    def ms_since_start(self, mark_s: float | None) -> float | None:
-        return None if mark_s is None else round((mark_s - self.started_s) * 1000.0, 3)
 
 
 class Tracing:

@@ -239,7 +239,7 @@ class Proxy:
                         self.health.record(name, False, detail=failed_by[name])
                 return result
             failure = result
-            trace.failovers.append(result.kind)
+            trace.failovers += (result.kind,)
             self.tracing.attempt_ended(trace, result.kind)
             self.metrics.errors.labels(result.kind).inc()
             log.debug(

@@ -19,9 +19,10 @@ MAX_TOKENS = 10**9
 _KEY = b'"usage"'
 # after the key: an object (its counts are searched in what follows, the last object)
 _OBJECT = re.compile(rb"\s*:\s*\{")
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d{1,12})\b')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d{1,12})\b')
-_CACHED = re.compile(rb'"cached_tokens"\s*:\s*(\d{1,12})\b')
+# the counts read, in one pass over what follows the key (a usage object names each once;
+# prompt_tokens_details holds cached_tokens; total_tokens is not read)
+_COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|cached_tokens)"\s*:\s*(\d{1,12})\b')
+MAX_OBJECT_BYTES = 1024
 # events of a chat stream that carry no output token: the role event, the finish event
 # and [DONE] (vLLM's and the emulator's shape)
 NON_TOKEN_EVENTS = 3
@@ -44,14 +45,15 @@ def parse_usage(tail: bytes) -> Usage | None:
     at = tail.rfind(_KEY)
     if at < 0:
         return None
-    value = tail[at + len(_KEY) : at + len(_KEY) + 1024]
-    if _OBJECT.match(value) is None:  # null, or not an object
+    start = at + len(_KEY)
+    if _OBJECT.match(tail, start) is None:  # null, or not an object
         return None
-    prompt = _count(_PROMPT.search(value))
-    completion = _count(_COMPLETION.search(value))
+    found = dict(_COUNTS.findall(tail, start, start + MAX_OBJECT_BYTES))
+    prompt = _count(found.get(b"prompt_tokens"))
+    completion = _count(found.get(b"completion_tokens"))
     if prompt is None and completion is None:
         return None
-    cached = _count(_CACHED.search(value))
+    cached = _count(found.get(b"cached_tokens"))
     if cached is not None and prompt is not None:
         cached = min(cached, prompt)
     return Usage(prompt, cached, completion, "backend")
@@ -62,10 +64,10 @@ def count_events(num_events: int) -> int:
     return max(0, num_events - NON_TOKEN_EVENTS)
 
 
-def _count(match: re.Match[bytes] | None) -> int | None:
-    if match is None:
+def _count(digits: bytes | None) -> int | None:
+    if digits is None:
         return None
-    value = int(match.group(1))
+    value = int(digits)
     return value if value <= MAX_TOKENS else None
 
 
