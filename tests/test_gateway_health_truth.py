@@ -11,43 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import aiohttp
 
 from longroute.gateway.health import probe_error_kind
 from longroute.gateway.redact import ADDRESS, Redactor
 from test_gateway import FakeBackend, Knobs, async_test, eventually, free_port, running_fleet
-
-
-@contextmanager
-def _gateway_log() -> Iterator[list[str]]:
-    lines: list[str] = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    handler = _Keep()
-    logger = logging.getLogger("longroute.gateway")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+from test_gateway_ops import _captured_gateway_log
 
 
 @async_test
 async def test_the_all_backends_down_503_names_no_address() -> None:
     ports = [free_port(), free_port()]
     health = {"interval_s": 0.05, "timeout_s": 0.5, "failure_threshold": 1, "open_s": 30.0}
-    with _gateway_log() as log:
+    with _captured_gateway_log() as log:
         async with running_fleet(refused=("d1", "d2"), health=health) as fleet:
             urls = [b.base_url for b in fleet.gateway.backends.values()]
             ports = [int(url.rsplit(":", 1)[1]) for url in urls]
@@ -128,7 +106,7 @@ async def test_ready_and_the_healthy_gauge_agree_while_a_backend_dies() -> None:
 @async_test
 async def test_a_backend_with_unknown_metrics_is_said_to_answer() -> None:
     a = FakeBackend("a", Knobs(metrics_text="# nothing an engine exports\nfoo 1\n"))
-    with _gateway_log() as log:
+    with _captured_gateway_log() as log:
         async with running_fleet(a, scrape_interval_s=0.05) as fleet:
             await eventually(lambda: any("metrics scrape" in line for line in log))
             status, _, _ = await fleet.chat()

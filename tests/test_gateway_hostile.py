@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from longroute.launcher import Launcher, ProcessSpec, emulator_spec, gateway_spec
+from thread_server import ThreadServer
 
 READY_TIMEOUT_S = 60.0
 MODEL = "llama-3-8b"
@@ -245,46 +245,15 @@ CLIENT_KEY = "ck-canary-client-5e1f9a3b7c2d8e4f"
 FORGED = "2026-01-01 00:00:00,000 CRITICAL longroute.gateway: FORGED LINE"
 
 
-class HostileBackend:
+class HostileBackend(ThreadServer):
     """An OpenAI-ish server that quotes what it was sent, in every kind of answer."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.url = ""
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    def __enter__(self) -> HostileBackend:
-        self._thread.start()
-        assert self._ready.wait(10), "the hostile backend did not start"
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        async def cleanup() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _start(self) -> None:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.completion)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return app
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text=_quote(request))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from longroute.launcher import Child, Launcher, emulator_spec, gateway_spec
+from thread_server import ThreadServer
 
 READY_TIMEOUT_S = 60.0
 MODEL = "llama-3-8b"
@@ -43,46 +43,15 @@ def expected_stream(request_tag: str) -> bytes:
     return b"".join(_tick(request_tag, k) for k in range(TICKS)) + b"data: [DONE]\n\n"
 
 
-class TickingBackend:
+class TickingBackend(ThreadServer):
     """An OpenAI-ish server in a thread of its own: each stream sends TICKS events, one per
     TICK_S (so it lasts ~30 s), whose bytes depend only on the prompt."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.url = ""
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    def __enter__(self) -> TickingBackend:
-        self._thread.start()
-        assert self._ready.wait(10), "the ticking backend did not start"
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        async def cleanup() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _start(self) -> None:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.completion)
         app.router.add_get("/health", self.health)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return app
 
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 from typer.testing import CliRunner
 
 from longroute.cli import app
 from longroute.gateway import GatewaySecrets, serve_gateway
 from longroute.gateway.config import parse_gateway_config
-from longroute.sim.scenario import load_scenario
 from longroute.tuning import load_weights
 from region_emulators import PROFILE, region_emulators
+from test_tune_cli import _small_scenario
 
 WALL_RTT_MS = {"near": 5.0, "mid": 60.0, "far": 120.0}
 WINDOW_REQUESTS = 20
@@ -136,7 +135,7 @@ def test_gorgo_tunes_live_from_a_bad_point_then_freezes(tmp_path: Path) -> None:
     assert saved.router == "gorgo" and saved.weights == frozen.weights
     assert saved.tuned_on["source"] == "gateway" and saved.tuned_on["num_steps"] == MAX_WINDOWS
     # the frozen file serves in the simulator as it is
-    scenario = _small_gorgo_scenario(tmp_path)
+    scenario = _small_scenario(tmp_path)
     result = CliRunner().invoke(
         app,
         ["simulate", "--scenario", str(scenario), "--weights", str(run["file"]), "--json",
@@ -144,14 +143,3 @@ def test_gorgo_tunes_live_from_a_bad_point_then_freezes(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["weights"] == frozen.weights
-
-
-def _small_gorgo_scenario(tmp_path: Path) -> Path:
-    data: dict[str, Any] = load_scenario("gorgo").model_dump(mode="json")
-    data["name"] = "gorgo-small"
-    data["workload"]["params"]["num_sessions"] = 120
-    for window in data["windows"]:
-        window["duration_s"] = 60.0
-    path = tmp_path / "gorgo-small.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return path
