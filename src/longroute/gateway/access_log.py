@@ -38,15 +38,6 @@ BUFFER_BYTES = 64 * 1024
 _MAX_CACHED = 4096
 
 
-def _number(value: int | None) -> str:
-    return "null" if value is None else str(value)
-
-
-def _ms(mark_s: float | None, started_s: float) -> str:
-    """Milliseconds from ``started_s`` to ``mark_s`` (3 decimals), or null."""
-    return "null" if mark_s is None else f"{(mark_s - started_s) * 1000.0:.3f}"
-
-
 class AccessLog:
     """A sink of finished requests (:class:`~longroute.gateway.observe.RequestSink`)."""
 
@@ -68,6 +59,7 @@ class AccessLog:
         self.own_id_prefix = own_id_prefix
         self._models: dict[str, str] = {}  # JSON of redacted model names
         self._quotes: dict[str, str] = {}  # JSON of the gateway's own strings
+        self._pieces: dict[tuple[str | None, ...], str] = {}  # see _shared
         self._second = -1
         self._second_text = ""
         self._is_failing = False
@@ -81,33 +73,56 @@ class AccessLog:
         return open(self.path, "a", buffering=BUFFER_BYTES, encoding="utf-8")
 
     def finish(self, trace: RequestTrace) -> None:
-        """Writes ``trace``'s line (buffered). The line is formatted by hand, every string
-        through ``json.dumps`` (cached for the few distinct ones): 2-3x faster than
-        ``json.dumps`` of a dict, which would cost a few percent of a request."""
+        """Writes ``trace``'s line (buffered). The line is formatted by hand: the fields a
+        request shares with many others (key id, route, model, backend, router) as one
+        cached JSON piece, every other string through ``json.dumps``. That is some 3x
+        faster than ``json.dumps`` of a dict, which would cost a few percent of a request."""
         usage = trace.usage()
         started_s = trace.started_s
-        quote = self._quoted
         failovers = "[]" if not trace.failovers else json.dumps(list(trace.failovers))
         request_id = trace.request_id
         if not request_id.startswith(self.own_id_prefix):  # the client's: redact, escape
             request_id = json.dumps(self._client_text(request_id))
         else:
             request_id = f'"{request_id}"'
+        error = trace.error_kind
+        granted_s, first_s, ended_s = trace.granted_s, trace.first_byte_s, trace.ended_s
+        prompt, cached, completion = (
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+        )
         self._write(
             f'{{"time":"{self._time(trace.wall_s)}","request_id":{request_id},'
-            f'"key_id":{quote(trace.key_id)},"route":{quote(trace.route)},'
-            f'"model":{self._model(trace.model)},"endpoint":{quote(trace.endpoint or None)},'
-            f'"router":{quote(self._router_name())},"attempts":{trace.num_attempts},'
-            f'"failovers":{failovers},"status":{trace.status},"outcome":"{trace.outcome}",'
-            f'"error":{quote(trace.error_kind)},"stream":{"true" if trace.is_stream else "false"},'
-            f'"prompt_tokens":{_number(usage.prompt_tokens)},'
-            f'"cached_tokens":{_number(usage.cached_tokens)},'
-            f'"completion_tokens":{_number(usage.completion_tokens)},"usage":"{usage.source}",'
-            f'"queue_ms":{_ms(trace.granted_s, started_s)},'
-            f'"ttft_ms":{_ms(trace.first_byte_s, started_s)},'
-            f'"e2e_ms":{_ms(trace.ended_s, started_s)},'
+            f"{self._shared(trace)}"
+            f'"attempts":{trace.num_attempts},"failovers":{failovers},"status":{trace.status},'
+            f'"outcome":"{trace.outcome}","error":{"null" if error is None else json.dumps(error)},'
+            f'"stream":{"true" if trace.is_stream else "false"},'
+            f'"prompt_tokens":{"null" if prompt is None else prompt},'
+            f'"cached_tokens":{"null" if cached is None else cached},'
+            f'"completion_tokens":{"null" if completion is None else completion},'
+            f'"usage":"{usage.source}",'
+            f'"queue_ms":{"null" if granted_s is None else f"{(granted_s - started_s) * 1e3:.3f}"},'
+            f'"ttft_ms":{"null" if first_s is None else f"{(first_s - started_s) * 1e3:.3f}"},'
+            f'"e2e_ms":{"null" if ended_s is None else f"{(ended_s - started_s) * 1e3:.3f}"},'
             f'"decision_us":{trace.decision_s * 1e6:.1f}}}\n'
         )
+
+    def _shared(self, trace: RequestTrace) -> str:
+        """The key id, route, model, backend and router fields, as one JSON piece (cached:
+        the model is the client's, so the cache is bounded)."""
+        key = (trace.key_id, trace.route, trace.model, trace.endpoint, self._router_name())
+        piece = self._pieces.get(key)
+        if piece is None:
+            key_id, route, model, endpoint, router = key
+            quote = self._quoted
+            piece = (
+                f'"key_id":{quote(key_id)},"route":{quote(route)},"model":{self._model(model)},'
+                f'"endpoint":{quote(endpoint or None)},"router":{quote(router)},'
+            )
+            if len(self._pieces) < _MAX_CACHED:
+                self._pieces[key] = piece
+        return piece
 
     def _quoted(self, text: str | None) -> str:
         """``text`` as a JSON string (null for None); a gateway-chosen string (a route, a

@@ -209,17 +209,26 @@ class UsageCounters:
             labels,
         )
         self.families = (self.prompt, self.cached, self.completion)
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 
     def finish(self, trace: RequestTrace) -> None:
         if trace.status >= 400 or not trace.endpoint:
             return
         key = (trace.served_model, trace.endpoint)
+        children = self._children.get(key)
+        if children is None:
+            # every series of a backend exists once it answered, a zero cached count
+            # included (a hit ratio is then 0, not missing)
+            children = self._children[key] = (
+                self.prompt.labels(*key),
+                self.cached.labels(*key),
+                self.completion.labels(*key),
+            )
         usage = trace.usage()
-        # every series of a backend exists once it answered, a zero cached count included
-        # (a hit ratio is then 0, not missing)
-        self.prompt.labels(*key).inc(usage.prompt_tokens or 0)
-        self.cached.labels(*key).inc(usage.cached_tokens or 0)
-        self.completion.labels(*key).inc(usage.completion_tokens or 0)
+        prompt, cached, completion = children
+        prompt.value += usage.prompt_tokens or 0
+        cached.value += usage.cached_tokens or 0
+        completion.value += usage.completion_tokens or 0
 
 
 class _LiveCollector:

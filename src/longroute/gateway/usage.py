@@ -48,27 +48,27 @@ def parse_usage(tail: bytes) -> Usage | None:
     start = at + len(_KEY)
     if _OBJECT.match(tail, start) is None:  # null, or not an object
         return None
-    found = dict(_COUNTS.findall(tail, start, start + MAX_OBJECT_BYTES))
-    prompt = _count(found.get(b"prompt_tokens"))
-    completion = _count(found.get(b"completion_tokens"))
+    prompt = completion = cached = None
+    for name, digits in _COUNTS.findall(tail, start, start + MAX_OBJECT_BYTES):
+        value = int(digits)
+        if value > MAX_TOKENS:
+            continue
+        if name == b"prompt_tokens":
+            prompt = value
+        elif name == b"completion_tokens":
+            completion = value
+        else:
+            cached = value
     if prompt is None and completion is None:
         return None
-    cached = _count(found.get(b"cached_tokens"))
-    if cached is not None and prompt is not None:
-        cached = min(cached, prompt)
+    if cached is not None and prompt is not None and cached > prompt:
+        cached = prompt
     return Usage(prompt, cached, completion, "backend")
 
 
 def count_events(num_events: int) -> int:
     """Output tokens of a stream of ``num_events`` ``data:`` events (an estimate)."""
     return max(0, num_events - NON_TOKEN_EVENTS)
-
-
-def _count(digits: bytes | None) -> int | None:
-    if digits is None:
-        return None
-    value = int(digits)
-    return value if value <= MAX_TOKENS else None
 
 
 __all__ = ["MAX_TOKENS", "Usage", "count_events", "parse_usage"]
