@@ -15,7 +15,6 @@ access log's flushes); :meth:`Gateway.stop` drains and ends them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import logging
@@ -29,6 +28,7 @@ import aiohttp
 
 from longroute.clock import WallClock
 from longroute.gateway.access_log import AccessLog
+from longroute.gateway.admin import AdminRoutes
 from longroute.gateway.admission import Admission
 from longroute.gateway.backends import Backend
 from longroute.gateway.completions import CompletionHandler, check_content_type
@@ -50,7 +50,13 @@ from longroute.gateway.observe import (
 from longroute.gateway.parse import ROUTES
 from longroute.gateway.proxy import Proxy
 from longroute.gateway.redact import RedactingFilter
-from longroute.gateway.reload import ReloadError, ReloadResult, describe_changes, prepare, retire
+from longroute.gateway.reload import (
+    ReloadError,
+    ReloadResult,
+    apply_wiring,
+    describe_changes,
+    prepare,
+)
 from longroute.gateway.tuning import LiveTuning
 from longroute.gateway.wiring import Wiring, build_fleet, monitors
 from longroute.routing.base import Router
@@ -130,14 +136,14 @@ class Gateway:
             keepalive_s=config.backend_keepalive_s,
         )
         self.tuning: LiveTuning | None = None
-        self._set_tuning(wiring)
+        self.set_tuning(wiring)
         self.rtt, self.scraper = monitors(config, wiring.backends, self.fleet, self.clock)
-        self.access_log = self._access_log(config)
-        self.observer = RequestObserver(self._sinks())
+        self.access_log = self.build_access_log(config)
+        self.observer = RequestObserver(self.request_sinks())
         self._tasks: dict[str, asyncio.Task[None]] = {}  # background loops by name
-        self._retiring: set[asyncio.Task[None]] = set()
+        self.retiring: set[asyncio.Task[None]] = set()
         self._reload_lock = asyncio.Lock()
-        self.routes = self._route_table()
+        self.routes = self.route_table()
         self._server: HttpServer | None = None
         self._session: aiohttp.ClientSession | None = None
         self.drain = Drain()
@@ -160,7 +166,7 @@ class Gateway:
     def redactor(self) -> Any:
         return self.wiring.redactor
 
-    def _access_log(self, config: GatewayConfig) -> AccessLog | None:
+    def build_access_log(self, config: GatewayConfig) -> AccessLog | None:
         spec = config.access_log
         if spec is None:
             return None
@@ -172,7 +178,7 @@ class Gateway:
             flush_interval_s=spec.flush_interval_s,
         )
 
-    def _sinks(self) -> list[RequestSink]:
+    def request_sinks(self) -> list[RequestSink]:
         # the base tracer's finish does nothing: it is a sink only when it traces
         sinks: list[RequestSink] = [] if type(self.tracing) is Tracing else [self.tracing]
         if self.config.usage_metrics:
@@ -181,7 +187,7 @@ class Gateway:
             sinks.append(self.access_log)
         return sinks
 
-    def _set_tuning(self, wiring: Wiring) -> None:
+    def set_tuning(self, wiring: Wiring) -> None:
         """Live tuning as ``wiring`` asks: kept while neither its config nor the router
         changed (a frozen tuner stays frozen), else started over on the router in force."""
         spec = wiring.config.tuning
@@ -197,7 +203,7 @@ class Gateway:
             log.info("live tuning starts on router %s", wiring.router.name)
         self.proxy.tuning = self.tuning
 
-    def _route_table(self) -> dict[tuple[str, str], RouteHandler]:
+    def route_table(self) -> dict[tuple[str, str], RouteHandler]:
         routes: dict[tuple[str, str], RouteHandler] = {
             ("POST", route): CompletionHandler(self, route) for route in ROUTES
         }
@@ -206,9 +212,7 @@ class Gateway:
         routes[("GET", "/ready")] = self.handle_ready
         routes[("GET", "/metrics")] = self.handle_metrics
         if self.config.admin_enabled:
-            routes[("GET", "/admin/fleet")] = self.handle_admin_fleet
-            routes[("POST", "/admin/reload")] = self.handle_admin_reload
-            routes[("POST", "/admin/tuning/freeze")] = self.handle_admin_freeze
+            routes.update(AdminRoutes(self).routes())
         return routes
 
     async def dispatch(
@@ -261,92 +265,6 @@ class Gateway:
 
         return HttpResponse(200, self.metrics.render(), CONTENT_TYPE_LATEST)
 
-    async def handle_admin_fleet(
-        self, http_request: HttpRequest, _: ResponseStream, __: str
-    ) -> Any:
-        try:
-            self._authorize_admin(http_request, is_change=False)
-        except GatewayError as err:
-            return err.response()
-        return HttpResponse(200, json.dumps(self.fleet_snapshot()).encode(), JSON_TYPE)
-
-    async def handle_admin_reload(
-        self, http_request: HttpRequest, _: ResponseStream, __: str
-    ) -> Any:
-        """Reloads the config file: 200 with what changed, or 400 with why not (the old
-        config still serves)."""
-        try:
-            self._authorize_admin(http_request, is_change=True)
-        except GatewayError as err:
-            return err.response()
-        result = await self.reload()
-        if not result.is_ok:
-            return GatewayError(
-                400, f"reload refused: {result.error}", kind="reload", code="invalid_config"
-            ).response()
-        body = {"status": "reloaded", "changes": list(result.changes)}
-        return HttpResponse(200, json.dumps(body).encode(), JSON_TYPE)
-
-    async def handle_admin_freeze(
-        self, http_request: HttpRequest, _: ResponseStream, __: str
-    ) -> Any:
-        """Freezes live tuning now: 200 with the weights and the file written."""
-        try:
-            self._authorize_admin(http_request, is_change=True)
-        except GatewayError as err:
-            return err.response()
-        if self.tuning is None:
-            return GatewayError(
-                409, "live tuning is off (no tuning section in the config)", kind="tuning",
-                code="tuning_off",
-            ).response()  # fmt: skip
-        result = self.tuning.freeze("on request (POST /admin/tuning/freeze)")
-        body = {
-            "weights": result.weights,
-            "weights_file": None if result.path is None else str(result.path),
-            "error": result.error,
-        }
-        return HttpResponse(200, json.dumps(body).encode(), JSON_TYPE)
-
-    def _authorize_admin(self, http_request: HttpRequest, *, is_change: bool) -> None:
-        """The admin key when one is configured; without one, a change is refused and a
-        read takes a client key (as the rest of the API)."""
-        admin_key = self.wiring.secrets.admin_api_key
-        if admin_key is not None:
-            authorize(http_request.headers, frozenset({admin_key}))
-        elif is_change:
-            raise GatewayError(
-                403,
-                "this admin call changes the gateway and needs the admin key; set "
-                "admin_api_key_env in the config",
-                kind="auth",
-                code="admin_key_not_configured",
-            )
-        else:
-            authorize(http_request.headers, self.wiring.client_api_keys)
-
-    def fleet_snapshot(self) -> dict[str, Any]:
-        """The fleet as the router sees it, plus breaker states and scraped engine stats."""
-        backends: dict[str, Any] = {}
-        for name in self.backends:
-            state = self.fleet.state(name)
-            engine = self.scraper.stats.get(name) if self.scraper is not None else None
-            backends[name] = {
-                "model": state.endpoint.model,
-                "region": state.endpoint.region,
-                "circuit": self.health.breakers[name].state.value,
-                "rtt_ms": state.rtt_ms,
-                "num_inflight_requests": state.num_inflight_requests,
-                "num_slots": self.backends[name].max_concurrency,
-                "num_queued_tokens": state.num_queued_tokens,
-                "engine": None if engine is None else dataclasses.asdict(engine),
-            }
-        return {
-            "router": self.router.name,
-            "queue_depth": self.admission.num_waiting,
-            "backends": backends,
-        }
-
     # ---- lifecycle -------------------------------------------------------------
     async def start(self, host: str, port: int) -> list[tuple[str, int]]:
         """Opens the monitoring loops, then listens; returns the bound (host, port) pairs."""
@@ -360,7 +278,7 @@ class Gateway:
             cookie_jar=aiohttp.DummyCookieJar(),  # one backend's cookies must not reach others
         )
         self._tasks["health"] = asyncio.create_task(self.health.run(self._session))
-        self._sync_loops()
+        self.sync_loops()
         limits = self.config.http
         self._server = HttpServer(
             self.dispatch,
@@ -385,7 +303,7 @@ class Gateway:
         """The monitoring loops running now (health, RTT probes, scrapes, log flushes)."""
         return list(self._tasks.values())
 
-    def _sync_loops(self) -> None:
+    def sync_loops(self) -> None:
         """Starts the loops the monitors in force need and stops those of monitors gone."""
         wanted = {"rtt": self.rtt, "scrape": self.scraper, "access_log": self.access_log}
         for name, monitor in wanted.items():
@@ -429,68 +347,9 @@ class Gateway:
             return result
 
     def apply_wiring(self, wiring: Wiring) -> None:
-        """Swaps ``wiring`` in, in one step of the event loop (see reload.py)."""
-        old, config = self.wiring, wiring.config
-        retired = self.fleet.set_endpoints([b.endpoint for b in wiring.backends.values()])
-        for name, backend in wiring.backends.items():
-            before = old.backends.get(name)
-            if before is not None and (before.base_url, before.model) != (
-                backend.base_url,
-                backend.model,
-            ):
-                self.fleet.reset_endpoint(name)  # another engine: its cache is not known
-        self.fleet.is_prefix_index_enabled = wiring.router.needs_prefix_index
-        self.wiring = self.proxy.wiring = wiring
-        capacities = {b.name: b.max_concurrency for b in wiring.backends.values()}
-        self.admission.reconfigure(wiring.router, capacities, config.admission.max_queue)
-        self.health.set_backends(wiring.backends, config.health)
-        replaced = self.proxy.set_backends(
-            wiring.backends.values(), config.admission.connect_timeout_s
-        )
-        self._apply_monitors(config, wiring)
-        if wiring.router is not old.router:
-            calibration = getattr(wiring.router, "calibration", None)
-            self.metrics.set_calibration(self.fleet, calibration)
-        self.log_filter.redactor = wiring.redactor
-        if config.access_log != old.config.access_log:
-            if self.access_log is not None:
-                self.access_log.close()
-            self.access_log = self._access_log(config)
-        elif self.access_log is not None:
-            self.access_log.reopen()  # logrotate moved it: reload opens it again
-        self.observer = RequestObserver(self._sinks())
-        self._set_tuning(wiring)
-        self.routes = self._route_table()
-        self._sync_loops()
-        if retired or replaced:
-            self._retire(retired)
-
-    def _apply_monitors(self, config: GatewayConfig, wiring: Wiring) -> None:
-        interval = config.rtt_probe_interval_s
-        if self.rtt is not None and interval is not None:
-            self.rtt.set_backends(wiring.backends, interval)
-        else:
-            self.rtt = monitors(config, wiring.backends, self.fleet, self.clock)[0]
-        interval = config.scrape_interval_s
-        if self.scraper is not None and interval is not None:
-            self.scraper.set_backends(wiring.backends, interval)
-        else:
-            self.scraper = monitors(config, wiring.backends, self.fleet, self.clock)[1]
-
-    def _retire(self, names: list[str]) -> None:
-        def forget(name: str) -> None:
-            if name in self.wiring.backends:
-                return  # a later reload brought it back: it is in the fleet again
-            self.fleet.forget(name)
-            self.admission.forget(name)
-            self.health.forget(name)
-            self.proxy.forget(name)
-
-        task = asyncio.create_task(
-            retire(names, self.admission.inflight, forget, self.proxy.close_idle_retired)
-        )
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
+        """Swaps ``wiring`` in, in one step of the event loop (:func:`~longroute.gateway.
+        reload.apply_wiring`)."""
+        apply_wiring(self, wiring)
 
     def _count_rejected(self, code: str) -> None:
         """The server answered a request itself (malformed HTTP, a head or body over its
@@ -514,12 +373,12 @@ class Gateway:
             await self.drain_requests(grace_s)
             await self._server.close(0.0)
             self._server = None
-        tasks = [*self._tasks.values(), *self._retiring]
+        tasks = [*self._tasks.values(), *self.retiring]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
-        self._retiring.clear()
+        self.retiring.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -22,15 +22,19 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longroute.clock import WallClock
 from longroute.errors import ConfigError
 from longroute.gateway.config import GatewayConfig, load_gateway_config, resolve_secrets
 from longroute.gateway.metrics import GatewayMetrics
-from longroute.gateway.wiring import Wiring
+from longroute.gateway.observe import RequestObserver
+from longroute.gateway.wiring import Wiring, monitors
 from longroute.registry import RegistryError
 from longroute.routing.base import Router
+
+if TYPE_CHECKING:
+    from longroute.gateway.app import Gateway
 
 log = logging.getLogger("longroute.gateway")
 
@@ -165,11 +169,77 @@ async def retire(
         await asyncio.sleep(RETIRE_POLL_S)
 
 
+def apply_wiring(gw: Gateway, wiring: Wiring) -> None:
+    """Swaps ``wiring`` into ``gw``, in one step of the event loop (see the module doc)."""
+    old, config = gw.wiring, wiring.config
+    retired = gw.fleet.set_endpoints([b.endpoint for b in wiring.backends.values()])
+    for name, backend in wiring.backends.items():
+        before = old.backends.get(name)
+        if before is not None and (before.base_url, before.model) != (
+            backend.base_url,
+            backend.model,
+        ):
+            gw.fleet.reset_endpoint(name)  # another engine: its cache is not known
+    gw.fleet.is_prefix_index_enabled = wiring.router.needs_prefix_index
+    gw.wiring = gw.proxy.wiring = wiring
+    capacities = {b.name: b.max_concurrency for b in wiring.backends.values()}
+    gw.admission.reconfigure(wiring.router, capacities, config.admission.max_queue)
+    gw.health.set_backends(wiring.backends, config.health)
+    replaced = gw.proxy.set_backends(wiring.backends.values(), config.admission.connect_timeout_s)
+    _apply_monitors(gw, config, wiring)
+    if wiring.router is not old.router:
+        calibration = getattr(wiring.router, "calibration", None)
+        gw.metrics.set_calibration(gw.fleet, calibration)
+    gw.log_filter.redactor = wiring.redactor
+    if config.access_log != old.config.access_log:
+        if gw.access_log is not None:
+            gw.access_log.close()
+        gw.access_log = gw.build_access_log(config)
+    elif gw.access_log is not None:
+        gw.access_log.reopen()  # logrotate moved it: reload opens it again
+    gw.observer = RequestObserver(gw.request_sinks())
+    gw.set_tuning(wiring)
+    gw.routes = gw.route_table()
+    gw.sync_loops()
+    if retired or replaced:
+        _retire(gw, retired)
+
+
+def _apply_monitors(gw: Gateway, config: GatewayConfig, wiring: Wiring) -> None:
+    interval = config.rtt_probe_interval_s
+    if gw.rtt is not None and interval is not None:
+        gw.rtt.set_backends(wiring.backends, interval)
+    else:
+        gw.rtt = monitors(config, wiring.backends, gw.fleet, gw.clock)[0]
+    interval = config.scrape_interval_s
+    if gw.scraper is not None and interval is not None:
+        gw.scraper.set_backends(wiring.backends, interval)
+    else:
+        gw.scraper = monitors(config, wiring.backends, gw.fleet, gw.clock)[1]
+
+
+def _retire(gw: Gateway, names: list[str]) -> None:
+    def forget(name: str) -> None:
+        if name in gw.wiring.backends:
+            return  # a later reload brought it back: it is in the fleet again
+        gw.fleet.forget(name)
+        gw.admission.forget(name)
+        gw.health.forget(name)
+        gw.proxy.forget(name)
+
+    task = asyncio.create_task(
+        retire(names, gw.admission.inflight, forget, gw.proxy.close_idle_retired)
+    )
+    gw.retiring.add(task)
+    task.add_done_callback(gw.retiring.discard)
+
+
 __all__ = [
     "RESTART_ONLY",
     "ReloadError",
     "ReloadResult",
     "adopt_router_state",
+    "apply_wiring",
     "describe_changes",
     "prepare",
     "restart_only_changes",
