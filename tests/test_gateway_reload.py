@@ -266,3 +266,20 @@ def test_an_unchanged_reload_reopens_the_access_log(tmp_path: Path) -> None:
         assert json.loads(log.read_text())["status"] == 200
 
     run(body())
+
+
+def test_what_a_reload_does_not_change_keeps_its_state(tmp_path: Path) -> None:
+    async def body() -> None:
+        a, b = FakeBackend("a"), FakeBackend("b")
+        reuse = {"enabled": True}
+        async with reloadable(tmp_path, {"a": a, "b": b}, ["a"], context_reuse=reuse) as g:
+            context, router = g.gateway.wiring.context, g.gateway.router
+            g.write(["a", "b"], context_reuse=reuse)
+            assert (await g.reload())[0] == 200
+            assert g.gateway.wiring.context is context and g.gateway.router is router
+            g.write(["a", "b"], context_reuse={**reuse, "max_documents": 8})
+            assert (await g.reload())[0] == 200
+            assert g.gateway.wiring.context is not context
+            assert g.gateway.wiring.context is not None
+
+    run(body())

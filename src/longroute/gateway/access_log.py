@@ -54,7 +54,7 @@ class AccessLog:
         any other id is the client's and is redacted."""
         self.path = path
         self.flush_interval_s = flush_interval_s
-        self._redactor = redactor
+        self.redactor = redactor  # a reload with new keys replaces it
         self._router_name = router_name
         self.own_id_prefix = own_id_prefix
         self._models: dict[str, str] = {}  # JSON of redacted model names
@@ -195,7 +195,7 @@ class AccessLog:
         return text
 
     def _client_text(self, text: str) -> str:
-        return self._redactor.text(text) if text else text
+        return self.redactor.text(text) if text else text
 
 
 __all__ = ["STDOUT", "AccessLog"]

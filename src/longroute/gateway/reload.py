@@ -86,7 +86,11 @@ def prepare(
             )
         secrets = resolve_secrets(config)
         kept = current.router if config.router == current.config.router else None
-        wiring = Wiring(config, secrets, metrics, clock, request_numbers, router=kept)
+        same_reuse = config.context_reuse == current.config.context_reuse
+        wiring = Wiring(
+            config, secrets, metrics, clock, request_numbers, router=kept,
+            context=current.context if same_reuse else None,
+        )  # fmt: skip
     except ReloadError:
         raise
     except (ConfigError, RegistryError, ValueError, TypeError, OSError) as exc:
@@ -196,6 +200,7 @@ def apply_wiring(gw: Gateway, wiring: Wiring) -> None:
             gw.access_log.close()
         gw.access_log = gw.build_access_log(config)
     elif gw.access_log is not None:
+        gw.access_log.redactor = wiring.redactor
         gw.access_log.reopen()  # logrotate moved it: reload opens it again
     gw.observer = RequestObserver(gw.request_sinks())
     gw.set_tuning(wiring)

@@ -66,10 +66,13 @@ class Wiring:
         request_numbers: Iterator[int],
         *,
         router: Router | None = None,
+        context: ContextReuse | None = None,
     ) -> None:
         """``router``: the router to keep (a reload whose router config did not change), checked
-        against the new backends; else one is built. ``request_numbers``: the gateway's one
-        counter of internal request ids (they key router state, so never restart)."""
+        against the new backends; else one is built. ``context``: the context reuse to keep
+        (its index of what was sent), else one is built when enabled. ``request_numbers``:
+        the gateway's one counter of internal request ids (they key router state, so never
+        restart)."""
         self.config = config
         self.secrets = secrets
         self.backends = build_backends(config, secrets.backend_api_keys)
@@ -83,7 +86,9 @@ class Wiring:
         self.served_models = frozenset(b.model for b in self.backends.values())
         self.requests = RequestBuilder.for_router(config, clock, self.router, request_numbers)
         reuse = config.context_reuse
-        self.context = ContextReuse(reuse, metrics) if reuse.enabled else None
+        if context is None and reuse.enabled:
+            context = ContextReuse(reuse, metrics)
+        self.context = context
         self.client_api_keys = secrets.client_api_keys
         self.client_key_ids = {key: key_id(key) for key in self.client_api_keys or ()}
         self.redactor = build_redactor(secrets, self.backends)
