@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -58,7 +57,7 @@ class Collector:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 posts.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
                 self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -71,10 +70,10 @@ class Collector:
     def span_names(self) -> list[str]:
         names: list[str] = []
         for _, _, body in self.posts:
-            request = ExportTraceServiceRequest.FromString(body)
-            for resource_spans in request.resource_spans:
-                for scope_spans in resource_spans.scope_spans:
-                    names.extend(span.name for span in scope_spans.spans)
+            request = json.loads(body)
+            for resource_spans in request["resourceSpans"]:
+                for scope_spans in resource_spans["scopeSpans"]:
+                    names.extend(span["name"] for span in scope_spans["spans"])
         return names
 
 
@@ -368,11 +367,11 @@ async def _export_once(env_var: str) -> None:
         assert sink.posts, "nothing exported at close"
         path, headers, body = sink.posts[0]
         assert path == "/v1/traces"
-        assert headers["content-type"] == "application/x-protobuf"
+        assert headers["content-type"] == "application/json"
         assert (headers["authorization"], headers["x-tenant"]) == ("Bearer s3cret", "t1")
-        resource = ExportTraceServiceRequest.FromString(body).resource_spans[0].resource
-        service = {kv.key: kv.value.string_value for kv in resource.attributes}["service.name"]
-        assert service == "gw-test"
+        resource = json.loads(body)["resourceSpans"][0]["resource"]
+        service = {kv["key"]: kv["value"] for kv in resource["attributes"]}["service.name"]
+        assert service == {"stringValue": "gw-test"}
         assert sorted(sink.span_names()) == sorted(
             [REQUEST_SPAN, "gateway.queue", "gateway.route", UPSTREAM_SPAN]
         )

@@ -11,7 +11,8 @@ The backend gets the upstream span as its ``traceparent`` (with the client's
 ``tracestate``), sampled or not. Spans name backends, never their URL, host or port.
 Times are the trace's monotonic marks placed on the wall clock at arrival, so children
 nest in their parent. The provider is this tracer's own (never the global one),
-parent-based with ``sample_ratio`` for new traces, batched over OTLP/HTTP. No hook
+parent-based with ``sample_ratio`` for new traces, batched over OTLP/HTTP in its JSON
+encoding (:mod:`longroute.gateway.otlp_json`). No hook
 raises into the request path, and every span ends once: :meth:`OtelTracing.finish`
 ends an attempt still open (a client that left cancels it before ``attempt_ended``).
 """
@@ -33,7 +34,6 @@ from longroute.gateway.observe import RequestTrace, Tracing
 try:
     from opentelemetry import trace as trace_api
     from opentelemetry.context import Context
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
@@ -41,6 +41,8 @@ try:
     from opentelemetry.trace import Span, SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
     from opentelemetry.util.types import AttributeValue
+
+    from longroute.gateway.otlp_json import OtlpJsonExporter
 except ImportError as exc:  # imported only when the config has otel:
     raise ConfigError(f"otel: needs the otel extra (pip install 'longroute[otel]'); {exc}") from exc
 
@@ -105,7 +107,7 @@ class OtelTracing(Tracing):
         processor: SpanProcessor
         if exporter is None:
             headers = collector_headers(config.headers_env)
-            otlp = OTLPSpanExporter(config.endpoint, headers=headers, timeout=config.timeout_s)
+            otlp = OtlpJsonExporter(config.endpoint, headers=headers, timeout_s=config.timeout_s)
             processor = BatchSpanProcessor(otlp)
         else:
             processor = SimpleSpanProcessor(exporter)
