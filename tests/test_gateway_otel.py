@@ -470,3 +470,43 @@ def test_an_ambient_span_is_never_the_parent() -> None:
         trace.ended_s = 0.1
         tracing.finish(trace)
     assert only(memory.get_finished_spans(), REQUEST_SPAN).parent is None
+
+
+def test_spans_are_encoded_as_otlp_json() -> None:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from longroute.gateway.otlp_json import encode_spans
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "enc"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("longroute.gateway")
+    with tracer.start_as_current_span("outer", kind=SpanKind.SERVER) as outer:
+        outer.set_attributes({"s": "x", "i": 7, "f": 0.5, "b": True, "l": ["a", "b"]})
+        with tracer.start_as_current_span("inner", kind=SpanKind.CLIENT) as inner:
+            inner.set_status(trace_api.Status(StatusCode.ERROR, "boom"))
+    encoded = encode_spans(memory.get_finished_spans())
+    json.dumps(encoded)  # plain JSON all the way down
+    (resource_spans,) = encoded["resourceSpans"]
+    assert {"key": "service.name", "value": {"stringValue": "enc"}} in resource_spans["resource"][
+        "attributes"
+    ]
+    (scope,) = resource_spans["scopeSpans"]
+    assert scope["scope"]["name"] == "longroute.gateway"
+    spans = {span["name"]: span for span in scope["spans"]}
+    inner_span, outer_span = spans["inner"], spans["outer"]
+    assert (outer_span["kind"], inner_span["kind"]) == (2, 3)  # OTLP SERVER, CLIENT
+    assert inner_span["parentSpanId"] == outer_span["spanId"] and "parentSpanId" not in outer_span
+    assert len(outer_span["traceId"]) == 32 and len(outer_span["spanId"]) == 16
+    assert inner_span["traceId"] == outer_span["traceId"]
+    assert inner_span["status"] == {"code": 2, "message": "boom"}
+    assert int(outer_span["endTimeUnixNano"]) >= int(outer_span["startTimeUnixNano"]) > 0
+    values = {kv["key"]: kv["value"] for kv in outer_span["attributes"]}
+    assert values == {
+        "s": {"stringValue": "x"},
+        "i": {"intValue": "7"},
+        "f": {"doubleValue": 0.5},
+        "b": {"boolValue": True},
+        "l": {"arrayValue": {"values": [{"stringValue": "a"}, {"stringValue": "b"}]}},
+    }
