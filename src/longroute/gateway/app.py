@@ -49,7 +49,7 @@ from longroute.gateway.observe import (
 )
 from longroute.gateway.parse import ROUTES
 from longroute.gateway.proxy import Proxy
-from longroute.gateway.redact import RedactingFilter
+from longroute.gateway.redact import RedactingFilter, Redactor
 from longroute.gateway.reload import (
     ReloadError,
     ReloadResult,
@@ -163,7 +163,7 @@ class Gateway:
         return self.wiring.router
 
     @property
-    def redactor(self) -> Any:
+    def redactor(self) -> Redactor:
         return self.wiring.redactor
 
     def build_access_log(self, config: GatewayConfig) -> AccessLog | None:
