@@ -38,6 +38,62 @@ class ListenConfig(_Model):
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port).")
 
 
+class KVEventsConfig(_Model):
+    """Where a backend publishes its KV-cache events (vLLM's --kv-events-config)."""
+
+    endpoint: str = Field(
+        min_length=1,
+        max_length=256,
+        description="ZeroMQ address of the engine's event PUB socket, e.g. tcp://10.0.0.5:5557 "
+        "(the gateway connects; with bind: true the gateway binds it and engines connect).",
+    )
+    replay_endpoint: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="ZeroMQ address of the engine's replay ROUTER socket, to fill sequence gaps.",
+    )
+    topic: str = Field("", max_length=256, description="Topic the engine publishes under.")
+    bind: bool = Field(
+        False, description="Bind endpoint instead of connecting (engines connect to the gateway)."
+    )
+    num_dp_ranks: int = Field(
+        1, ge=1, le=64, description="Data-parallel ranks; rank r publishes on port + r."
+    )
+
+    @field_validator("endpoint", "replay_endpoint")
+    @classmethod
+    def _zmq_address(cls, address: str | None) -> str | None:
+        if address is not None and not address.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(
+                f"a ZeroMQ address starts with tcp://, ipc:// or inproc://, got {address!r}"
+            )
+        return address
+
+
+class PrecisePrefixConfig(_Model):
+    """Tokenize prompts as the engines do, so KV-cache events can be matched exactly."""
+
+    tokenizer: str = Field(
+        min_length=1,
+        description="The served model's directory (tokenizer.json, tokenizer_config.json, "
+        "chat template), or 'emulator' for longroute's emulator.",
+    )
+    block_size_tokens: int = Field(
+        128, ge=1, le=65536, description="The engines' KV block size (vLLM: --block-size)."
+    )
+    max_cached_prompts: int = Field(
+        4096, ge=0, description="Conversation prefixes whose tokens are kept (0 = no cache)."
+    )
+    first_events_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="A backend with kv_events stays on the approximate index until its first "
+        "events arrive; after this long without any, say so in the log.",
+    )
+
+
 class BackendConfig(_Model):
     name: str = Field(min_length=1, description="Backend name, shown in headers and metrics.")
     url: str = Field(
@@ -73,6 +129,11 @@ class BackendConfig(_Model):
     )
     prefill_seconds_per_token: float | None = Field(
         None, gt=0, le=1, description="Predicted prefill seconds per prompt token (lrs, lars)."
+    )
+    kv_events: KVEventsConfig | None = Field(
+        None,
+        description="The engine's KV-cache events (docs/kv-events.md); needs precise_prefix. "
+        "Without them the backend is on the approximate (what-was-sent-where) index.",
     )
 
     @field_validator("url")
@@ -427,6 +488,11 @@ class GatewayConfig(_Model):
         "tuning freeze) needs it, and GET /admin/fleet takes it (else a client key).",
     )
     block_size_tokens: int = Field(16, ge=1, description="Prefix-hash block size.")
+    precise_prefix: PrecisePrefixConfig | None = Field(
+        None,
+        description="Tokenize prompts with the served model's tokenizer and match the engines' "
+        "KV-cache events (docs/kv-events.md); block_size_tokens is then its block size.",
+    )
     prefix_index_capacity_blocks: int = Field(
         200_000, ge=1, description="Router-side prefix index bound per backend."
     )
@@ -461,6 +527,13 @@ class GatewayConfig(_Model):
                     f"model_aliases.{alias}: {target!r} is not served; "
                     f"served: {', '.join(sorted(served))} (or {AUTO_MODEL!r})"
                 )
+        if self.precise_prefix is None:
+            for i, backend in enumerate(self.backends):
+                if backend.kv_events is not None:
+                    raise ValueError(
+                        f"backends.{i}.kv_events needs precise_prefix (the served model's "
+                        f"tokenizer and block size), so events can be matched to prompts"
+                    )
         policy = self.backend_priority.policy
         for i, backend in enumerate(self.backends):
             if (
