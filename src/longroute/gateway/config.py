@@ -467,7 +467,30 @@ class GatewayConfig(_Model):
         5.0, gt=0, description="Seconds between RTT probes (None = off)."
     )
     scrape_interval_s: float | None = Field(
-        2.0, gt=0, description="Seconds between engine /metrics scrapes (None = off)."
+        2.0,
+        gt=0,
+        description="Seconds between engine /metrics scrapes (None = off) with load_source "
+        "local; with engine, load_scrape_interval_s.",
+    )
+    load_source: Literal["local", "engine"] = Field(
+        "local",
+        description="What routers' load terms (in-flight requests and tokens) count: local = "
+        "this gateway's own requests; engine = each engine's scraped running + waiting "
+        "requests plus this gateway's dispatches since (the same load in every gateway "
+        "replica and worker); a backend without a fresh scrape counts locally.",
+    )
+    load_scrape_interval_s: float = Field(
+        0.1,
+        ge=0.01,
+        le=10.0,
+        description="Seconds between engine /metrics scrapes with load_source engine.",
+    )
+    load_stale_after_s: float = Field(
+        0.5,
+        gt=0,
+        le=60.0,
+        description="With load_source engine, a backend whose last good scrape is older "
+        "counts locally until the next; at least 2 x load_scrape_interval_s.",
     )
     client_api_keys_env: str | None = Field(
         None, description="Environment variable with comma-separated client keys (None = open)."
@@ -511,6 +534,16 @@ class GatewayConfig(_Model):
         description="Task of requests without an x-longroute-task header (e.g. kv-lookup), "
         "a feature of accuracy-aware routers; None = unknown.",
     )
+
+    @model_validator(mode="after")
+    def _load_staleness(self) -> GatewayConfig:
+        if self.load_stale_after_s < 2 * self.load_scrape_interval_s:
+            raise ValueError(
+                f"load_stale_after_s ({self.load_stale_after_s:g}) must be at least 2 x "
+                f"load_scrape_interval_s ({self.load_scrape_interval_s:g}): one late scrape "
+                "would otherwise drop the engine load"
+            )
+        return self
 
     @model_validator(mode="after")
     def _names_and_aliases(self) -> GatewayConfig:

@@ -29,9 +29,10 @@ from longroute.errors import ConfigError
 from longroute.gateway.config import GatewayConfig, load_gateway_config, resolve_secrets
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.observe import RequestObserver
-from longroute.gateway.wiring import Wiring, monitors
+from longroute.gateway.wiring import Wiring, monitors, scrape_timing
 from longroute.registry import RegistryError
 from longroute.routing.base import Router
+from longroute.routing.fleet_view import LoadSource
 
 if TYPE_CHECKING:
     from longroute.gateway.app import Gateway
@@ -216,9 +217,11 @@ def _apply_monitors(gw: Gateway, config: GatewayConfig, wiring: Wiring) -> None:
         gw.rtt.set_backends(wiring.backends, interval)
     else:
         gw.rtt = monitors(config, wiring.backends, gw.fleet, gw.clock)[0]
-    interval = config.scrape_interval_s
+    if gw.fleet.load_source != config.load_source:
+        gw.fleet.set_load_source(LoadSource(config.load_source))
+    interval, stale_after_s = scrape_timing(config)
     if gw.scraper is not None and interval is not None:
-        gw.scraper.set_backends(wiring.backends, interval)
+        gw.scraper.set_backends(wiring.backends, interval, stale_after_s)
     else:
         gw.scraper = monitors(config, wiring.backends, gw.fleet, gw.clock)[1]
 

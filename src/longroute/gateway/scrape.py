@@ -10,19 +10,28 @@ Recognised names (summed over label sets; KV usage takes the fullest engine):
 * llama.cpp: ``llamacpp:requests_deferred``, ``llamacpp:requests_processing``,
   ``llamacpp:kv_cache_usage_ratio``.
 
-A vLLM ``/metrics`` page is large (histograms); only the lines of the names
-above are handed to ``prometheus_client``'s parser, so a scrape costs well
-under a millisecond of event-loop time.
+A vLLM ``/metrics`` page is large (histograms); one compiled pattern picks the
+sample lines of the names above out of the raw bytes (no decoding, no split into
+lines, no general parser), so parsing a page costs microseconds and a scrape is
+mostly the HTTP round trip (measured in ``benchmarks/engine_load_scrape.py``).
+A page over ``MAX_METRICS_BYTES`` is refused, not read.
+
+Each backend is scraped on its own (a slow or unreachable engine delays no other),
+at most one scrape of it in flight. With the engine load source
+(``load_source: engine``), a backend whose last good scrape is older than
+``stale_after_s`` falls back to the gateway's local load
+(:meth:`FleetView.expire_engine_load`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from longroute.clock import Clock
 from longroute.gateway.backends import Backend
@@ -44,8 +53,19 @@ KV_USAGE_NAMES = (
 HITS_NAMES = ("vllm:prefix_cache_hits_total",)
 QUERIES_NAMES = ("vllm:prefix_cache_queries_total",)
 _ALL_NAMES = WAITING_NAMES + RUNNING_NAMES + KV_USAGE_NAMES + HITS_NAMES + QUERIES_NAMES
-# a sample line starts with its name followed by '{' or ' '
-_LINE_PREFIXES = tuple(n + c for n in _ALL_NAMES for c in "{ ")
+# a sample line: its name at the start of a line, optional {labels} (to the line's last
+# '}': a label value may hold one), blanks, the value; a timestamp after it is ignored
+_SAMPLE = re.compile(
+    rb"^(" + b"|".join(re.escape(n.encode()) for n in _ALL_NAMES) + rb")"
+    rb"(?:\{[^\n]*\})?[ \t]+([^\s]+)",
+    re.MULTILINE,
+)
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+"""Largest metrics page read (vLLM's is tens of KiB); a longer one is refused."""
+
+
+class MetricsPageError(ValueError):
+    """A metrics page this gateway will not read: too large, or a value that is no number."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +79,23 @@ class EngineStats:
     num_prefix_cache_queries_tokens: float | None
 
 
-def parse_engine_metrics(text: str) -> EngineStats | None:
-    """Engine load from a Prometheus text page; None if it has no waiting/running gauges."""
-    kept = "\n".join(line for line in text.splitlines() if line.startswith(_LINE_PREFIXES))
+def parse_engine_metrics(text: str | bytes) -> EngineStats | None:
+    """Engine load from a Prometheus text page; None if it has no waiting/running gauges.
+    O(page bytes) in one regex pass. MetricsPageError on a value that is not a finite
+    number >= 0 (a hostile or broken engine)."""
+    page = text.encode() if isinstance(text, str) else text
     sums: dict[str, float] = {}
     maxima: dict[str, float] = {}
-    for family in text_string_to_metric_families(kept + "\n"):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-            maxima[sample.name] = max(maxima.get(sample.name, sample.value), sample.value)
+    for match in _SAMPLE.finditer(page):
+        name = match.group(1).decode()
+        try:
+            value = float(match.group(2))
+        except ValueError:
+            raise MetricsPageError(f"{name} has a value that is no number") from None
+        if not (math.isfinite(value) and value >= 0.0):
+            raise MetricsPageError(f"{name} is {value!r}, not a finite number >= 0")
+        sums[name] = sums.get(name, 0.0) + value
+        maxima[name] = max(maxima.get(name, value), value)
     waiting = _first(sums, WAITING_NAMES)
     running = _first(sums, RUNNING_NAMES)
     if waiting is None or running is None:
@@ -89,7 +117,12 @@ def _first(values: Mapping[str, float], names: tuple[str, ...]) -> float | None:
 
 
 class EngineScraper:
-    """Scrapes every backend each ``interval_s``; keeps the latest stats in ``stats``."""
+    """Scrapes every backend each ``interval_s``; keeps the latest stats in ``stats``.
+
+    ``stale_after_s``: with the fleet's engine load source, a backend whose last good
+    scrape is older falls back to local load (checked each interval). One task per
+    backend scrape, at most one in flight per backend; O(backends) per interval.
+    """
 
     def __init__(
         self,
@@ -99,31 +132,72 @@ class EngineScraper:
         *,
         interval_s: float,
         timeout_s: float,
+        stale_after_s: float | None = None,
     ) -> None:
         self.backends = backends
         self.fleet = fleet
         self.stats: dict[str, EngineStats] = {}
         self._clock = clock
         self._interval_s = interval_s
+        self._stale_after_s = stale_after_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._reachability = ReachabilityLog("metrics scrape")
+        self._last_ok_s: dict[str, float] = {}
+        self._inflight: dict[str, asyncio.Task[None]] = {}
 
-    def set_backends(self, backends: Mapping[str, Backend], interval_s: float) -> None:
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
+    def set_backends(
+        self,
+        backends: Mapping[str, Backend],
+        interval_s: float,
+        stale_after_s: float | None = None,
+    ) -> None:
         """A reload: the backends scraped from the next round on (those that left are
         forgotten, and so are the stats of one whose URL changed)."""
         for name, old in self.backends.items():
             new = backends.get(name)
             if new is None or new.metrics_url != old.metrics_url:
                 self.stats.pop(name, None)
+                self._last_ok_s.pop(name, None)
                 self._reachability.forget(name)
         self.backends = backends
         self._interval_s = interval_s
+        self._stale_after_s = stale_after_s
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        """Scrape forever; cancelled at shutdown."""
-        while True:
-            await asyncio.gather(*(self.scrape(session, b) for b in self.backends.values()))
-            await asyncio.sleep(self._interval_s)
+        """Scrape forever, each backend on its own; cancelled at shutdown."""
+        inflight = self._inflight
+        try:
+            while True:
+                for name, backend in self.backends.items():
+                    task = inflight.get(name)
+                    if task is None or task.done():
+                        inflight[name] = asyncio.create_task(self.scrape(session, backend))
+                for name in [n for n in inflight if n not in self.backends]:
+                    inflight.pop(name).cancel()
+                self.expire_stale()
+                await asyncio.sleep(self._interval_s)
+        finally:
+            tasks = list(inflight.values())
+            inflight.clear()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def expire_stale(self) -> None:
+        """Backends whose last good scrape is older than ``stale_after_s`` (or that never
+        answered) fall back to local load in the fleet view; O(backends)."""
+        limit_s = self._stale_after_s
+        if limit_s is None:
+            return
+        now_s = self._clock.now_s()
+        for name in self.backends:
+            last_s = self._last_ok_s.get(name)
+            if last_s is None or now_s - last_s > limit_s:
+                self.fleet.expire_engine_load(name)
 
     async def scrape(self, session: aiohttp.ClientSession, backend: Backend) -> None:
         """One scrape of one backend; failures are logged once per change, never raised."""
@@ -133,8 +207,8 @@ class EngineScraper:
             async with session.get(
                 backend.metrics_url, headers=backend.probe_headers, timeout=self._timeout
             ) as response:
-                text = await response.text(errors="replace")
                 status = response.status
+                page = await _read_bounded(response) if status == 200 else b""
         except TimeoutError:
             reachability.update(backend.name, False, f"no answer within {self._timeout.total:g} s")
             return
@@ -146,12 +220,17 @@ class EngineScraper:
             reachability.update(backend.name, False, detail, is_answered=True)
             return
         try:
-            stats = parse_engine_metrics(text)
-        except ValueError:  # prometheus_client's parser on a malformed page
-            stats = None
+            stats = None if page is None else parse_engine_metrics(page)
+        except MetricsPageError as exc:
+            reachability.update(backend.name, False, f"its metrics page: {exc}", is_answered=True)
+            return
         if stats is None:
-            detail = "its metrics page has no engine load gauges this gateway knows (" + (
-                ", ".join(WAITING_NAMES) + ")"
+            detail = (
+                f"its metrics page is over {MAX_METRICS_BYTES} bytes"
+                if page is None
+                else "its metrics page has no engine load gauges this gateway knows ("
+                + ", ".join(WAITING_NAMES)
+                + ")"
             )
             reachability.update(backend.name, False, detail, is_answered=True)
             return
@@ -159,7 +238,22 @@ class EngineScraper:
             return  # a reload changed or removed it while this scrape was out
         self._reachability.update(backend.name, True)
         self.stats[backend.name] = stats
-        age_s = self._clock.now_s() - started_s
+        now_s = self._clock.now_s()
+        self._last_ok_s[backend.name] = now_s
         self.fleet.set_engine_stats(
-            backend.name, stats.num_waiting, stats.num_running, stats.kv_usage, age_s
+            backend.name, stats.num_waiting, stats.num_running, stats.kv_usage, now_s - started_s
         )
+
+
+async def _read_bounded(response: aiohttp.ClientResponse) -> bytes | None:
+    """The body, or None once it passes MAX_METRICS_BYTES (the rest is not read)."""
+    if (response.content_length or 0) > MAX_METRICS_BYTES:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > MAX_METRICS_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

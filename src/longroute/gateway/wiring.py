@@ -30,7 +30,7 @@ from longroute.gateway.scrape import EngineScraper
 from longroute.routing import ROUTERS
 from longroute.routing.base import Router
 from longroute.routing.chimera import ChimeraRouter
-from longroute.routing.fleet_view import FleetView
+from longroute.routing.fleet_view import FleetView, LoadSource
 from longroute.routing.ttca import TtcaRouter
 from longroute.routing.workflow_load import seconds_per_token
 
@@ -163,11 +163,13 @@ def build_fleet(
 ) -> FleetView:
     """The fleet view over every backend, with a prefix index where ``router`` reads one
     (the gateway and the endpoint picker build it alike)."""
-    return FleetView(
+    fleet = FleetView(
         [b.endpoint for b in backends.values()],
         prefix_capacity_blocks=config.prefix_index_capacity_blocks,
         is_prefix_index_enabled=router.needs_prefix_index,
     )
+    fleet.set_load_source(LoadSource(config.load_source))
+    return fleet
 
 
 def build_redactor(secrets: GatewaySecrets, backends: Mapping[str, Backend]) -> Redactor:
@@ -224,7 +226,8 @@ def check_predictor(predictor: object, kind: str, served: Collection[str], where
 def monitors(
     config: GatewayConfig, backends: Mapping[str, Backend], fleet: FleetView, clock: WallClock
 ) -> tuple[RttProber | None, EngineScraper | None]:
-    """The RTT prober and the engine scraper, each only if its interval is set."""
+    """The RTT prober and the engine scraper, each only if its interval is set (the engine
+    load source always scrapes, every ``load_scrape_interval_s``)."""
     rtt = scraper = None
     if config.rtt_probe_interval_s is not None:
         rtt = RttProber(
@@ -233,15 +236,25 @@ def monitors(
             interval_s=config.rtt_probe_interval_s,
             timeout_s=config.health.timeout_s,
         )
-    if config.scrape_interval_s is not None:
+    interval_s, stale_after_s = scrape_timing(config)
+    if interval_s is not None:
         scraper = EngineScraper(
             backends,
             fleet,
             clock,
-            interval_s=config.scrape_interval_s,
+            interval_s=interval_s,
             timeout_s=config.health.timeout_s,
+            stale_after_s=stale_after_s,
         )
     return rtt, scraper
+
+
+def scrape_timing(config: GatewayConfig) -> tuple[float | None, float | None]:
+    """(seconds between scrapes or None = off, seconds after which a scrape is stale or
+    None = never) for ``config``'s load source."""
+    if config.load_source == "engine":
+        return config.load_scrape_interval_s, config.load_stale_after_s
+    return config.scrape_interval_s, None
 
 
 def model_map(config: GatewayConfig, backends: Mapping[str, Backend]) -> dict[str, str]:

@@ -11,11 +11,21 @@ candidates).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 
 from longroute.prefix.router_index import RouterPrefixIndex
 from longroute.types import Endpoint, EndpointState, Request
 
 AUTO_MODEL = "auto"
+_SIZE_EWMA_WEIGHT = 0.05
+"""Weight of each new dispatch in the mean request size (engine load, nothing in flight)."""
+
+
+class LoadSource(StrEnum):
+    """Where the ``num_inflight_*`` fields routers read come from (see the module doc)."""
+
+    LOCAL = "local"
+    ENGINE = "engine"
 
 
 class NoCandidateError(LookupError):
@@ -51,6 +61,8 @@ class FleetView:
         self.prefix_index = RouterPrefixIndex(
             [e.name for e in endpoints], capacity_blocks_per_endpoint=prefix_capacity_blocks
         )
+        self.load_source = LoadSource.LOCAL
+        self._mean_prompt_tokens = self._mean_output_tokens = 0.0  # of dispatches, engine load
 
     def _index_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
         self.endpoints: tuple[Endpoint, ...] = tuple(endpoints)
@@ -105,12 +117,24 @@ class FleetView:
         """Rebuild the snapshots of endpoints that changed since the last read."""
         for name in self._dirty:
             live = self._live[name]
+            requests = live.num_inflight_requests
+            prompt = live.num_inflight_prompt_tokens
+            output = live.num_inflight_output_tokens
+            others = live.num_others_requests
+            if others:  # engine load: the other clients' requests, sized like ours
+                if requests > 0:
+                    prompt += round(others * prompt / requests)
+                    output += round(others * output / requests)
+                else:
+                    prompt = round(others * self._mean_prompt_tokens)
+                    output = round(others * self._mean_output_tokens)
+                requests += others
             self._states[name] = EndpointState(
                 live.endpoint,
                 live.rtt_ms,
-                live.num_inflight_requests,
-                live.num_inflight_prompt_tokens,
-                live.num_inflight_output_tokens,
+                requests,
+                prompt,
+                output,
                 live.is_healthy,
                 live.engine_num_waiting,
                 live.engine_num_running,
@@ -160,6 +184,7 @@ class FleetView:
         live.rtt_ms = 0.0
         live.engine_num_waiting = live.engine_num_running = None
         live.engine_kv_usage = live.engine_stats_age_s = None
+        live.num_others_requests = None
         self.prefix_index.remove_endpoint(name)
         self._dirty.add(name)
 
@@ -169,6 +194,10 @@ class FleetView:
         live.num_inflight_prompt_tokens += request.num_prompt_tokens
         live.num_inflight_output_tokens += request.num_output_tokens
         self._dirty.add(endpoint)
+        if self.load_source is LoadSource.ENGINE:
+            w = _SIZE_EWMA_WEIGHT
+            self._mean_prompt_tokens += w * (request.num_prompt_tokens - self._mean_prompt_tokens)
+            self._mean_output_tokens += w * (request.num_output_tokens - self._mean_output_tokens)
         if self.is_prefix_index_enabled and request.block_hashes:
             self.prefix_index.insert(request.block_hashes, endpoint, now_s)
 
@@ -202,13 +231,38 @@ class FleetView:
         kv_usage: float | None,
         age_s: float,
     ) -> None:
-        """Engine stats as scraped; ``kv_usage`` None when the engine does not export it."""
+        """Engine stats as scraped; ``kv_usage`` None when the engine does not export it.
+        With the engine load source, the requests beyond this owner's own in flight now
+        become the others' (see the module doc); call it when the scrape's answer came."""
         live = self._live[endpoint]
         live.engine_num_waiting = num_waiting
         live.engine_num_running = num_running
         live.engine_kv_usage = kv_usage
         live.engine_stats_age_s = age_s
+        if self.load_source is LoadSource.ENGINE:
+            engine = num_waiting + num_running
+            live.num_others_requests = max(0, engine - live.num_inflight_requests)
         self._dirty.add(endpoint)
+
+    def expire_engine_load(self, endpoint: str) -> None:
+        """The last scrape of ``endpoint`` is too old (or failed): its load falls back to the
+        owner's own counts until the next good scrape. The ``engine_*`` fields stay."""
+        live = self._live[endpoint]
+        if live.num_others_requests is not None:
+            live.num_others_requests = None
+            self._dirty.add(endpoint)
+
+    def set_load_source(self, source: LoadSource) -> None:
+        """Local or engine load from now on; O(endpoints). Switching drops what the last
+        scrapes said of other clients: the engine load starts at the next scrape."""
+        self.load_source = LoadSource(source)
+        for live in self._live.values():
+            live.num_others_requests = None
+        self._dirty.update(self._live)
+
+    def num_own_inflight_requests(self, endpoint: str) -> int:
+        """This owner's own requests in flight at ``endpoint``, whatever the load source."""
+        return self._live[endpoint].num_inflight_requests
 
 
 class _LiveState:
@@ -224,6 +278,7 @@ class _LiveState:
         "num_inflight_output_tokens",
         "num_inflight_prompt_tokens",
         "num_inflight_requests",
+        "num_others_requests",
         "rtt_ms",
     )
 
@@ -238,3 +293,5 @@ class _LiveState:
         self.engine_num_running: int | None = None
         self.engine_kv_usage: float | None = None
         self.engine_stats_age_s: float | None = None
+        # engine load: other clients' requests at the last fresh scrape; None = local count
+        self.num_others_requests: int | None = None
