@@ -10,6 +10,11 @@ or both sets what it names from now on, overriding the schedule for that
 region down cuts the requests in flight (:mod:`longroute.emulator.outage`);
 admin calls are neither delayed nor cut.
 
+``POST /reset_prefix_cache`` (vLLM's path) drops every cached block, as
+vLLM's reset does: it answers ``{"is_reset": true}``, or ``false`` with nothing
+changed while running requests hold blocks. A reset publishes
+``AllBlocksCleared`` when KV events are on.
+
 The client is treated as hostile: a body over :data:`MAX_ADMIN_BODY_BYTES`, a
 body that is not a JSON object with ``delay_ms``, ``down`` or both and no
 other key, a delay that is not a finite number in [0, MAX_DELAY_MS], or a
@@ -30,6 +35,7 @@ from longroute.emulator.protocol import ApiError
 
 MAX_ADMIN_BODY_BYTES = 1024
 NETWORK_DELAY_PATH = "/admin/network-delay"
+RESET_PREFIX_CACHE_PATH = "/reset_prefix_cache"
 _KEYS = frozenset({"delay_ms", "down"})
 
 
@@ -126,3 +132,12 @@ class NetworkDelayAdmin:
 def add_admin_routes(app: web.Application, admin: NetworkDelayAdmin) -> None:
     app.router.add_get(NETWORK_DELAY_PATH, admin.get)
     app.router.add_post(NETWORK_DELAY_PATH, admin.post)
+
+
+def add_reset_prefix_cache_route(app: web.Application, reset: Callable[[], bool]) -> None:
+    """``POST /reset_prefix_cache``: ``reset()`` clears the cache; its answer is returned."""
+
+    async def post(_: web.Request) -> web.Response:
+        return web.json_response({"is_reset": reset()})
+
+    app.router.add_post(RESET_PREFIX_CACHE_PATH, post)

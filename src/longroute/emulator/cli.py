@@ -138,9 +138,22 @@ def emulate_command(
         list[str] | None,
         typer.Option(help="Packer parameter KEY=VALUE (repeatable), e.g. t_target_s=0.05."),
     ] = None,
+    kv_events_config: Annotated[
+        str | None,
+        typer.Option(
+            help="Publish KV-cache events as vLLM does: a JSON object of vLLM's keys, e.g. "
+            '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": '
+            '"tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv"}\' '
+            "(also buffer_steps, hwm, max_queue_size). An endpoint with * is bound, "
+            "others are connected to."
+        ),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible engine emulator timed by the simulator's engine model."""
+    import zmq
+
     from longroute.emulator.correctness import build_judge
+    from longroute.emulator.kv_events_config import parse_kv_events_config
     from longroute.emulator.network import parse_schedule
     from longroute.emulator.options import build_endpoint, build_engine_policies, build_predictor
     from longroute.emulator.runner import run_emulator
@@ -177,6 +190,9 @@ def emulate_command(
             packer=packer,
             scheduler_params=_params("--scheduler-param", scheduler_param),
             packer_params=_params("--packer-param", packer_param),
+            kv_events=(
+                None if kv_events_config is None else parse_kv_events_config(kv_events_config)
+            ),
         )
         # unknown profiles (ProfileError), a model that does not fit, bad limits
         predictor = build_predictor(options)
@@ -194,5 +210,7 @@ def emulate_command(
         run_emulator(options, on_ready)
     except OSError as exc:  # e.g. the port is taken
         raise _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except zmq.ZMQError as exc:  # a KV-event endpoint that cannot be bound or parsed
+        raise _fail(f"cannot open the KV-event sockets: {exc}") from None
     except KeyboardInterrupt:
         pass

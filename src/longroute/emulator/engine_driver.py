@@ -25,14 +25,22 @@ policies give each the default deadline of :mod:`longroute.queueing.slack`.
 
 A request whose client goes away is aborted: its seat and KV memory are
 freed at once, as vLLM does.
+
+With a ``kv_event_sink`` the engine's prefix cache reports every block it
+stores, evicts or clears to a :class:`~longroute.emulator.kv_capture.KvEventCapture`,
+which hands vLLM-style batches (one per engine iteration) to the sink; the
+driver registers each request's token ids with it while the request is in the
+engine and flushes it after every advance, submission and abort.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence as Seq
 from typing import Protocol
 
+from longroute.emulator.kv_capture import BatchSink, KvEventCapture
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.sim.engine import EngineModel
 from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
@@ -95,6 +103,7 @@ class EngineDriver:
         observer: EngineObserver | None = None,
         min_wake_interval_s: float = DEFAULT_MIN_WAKE_INTERVAL_S,
         policies: EnginePolicies | None = None,
+        kv_event_sink: BatchSink | None = None,
     ) -> None:
         self.loop = EventLoop()
         # the simulator's builder: the same queue policy and batch packer as a scenario's
@@ -118,6 +127,16 @@ class EngineDriver:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due_s: float | None = None  # emulated time the timer was armed for
         self._last_wake_wall_s = 0.0
+        self._epoch_offset_s = time.time() - time.monotonic()
+        self.kv_events: KvEventCapture | None = None
+        if kv_event_sink is not None:
+            self.kv_events = KvEventCapture(
+                prefix_block_tokens,
+                kv_event_sink,
+                iteration_of=lambda: self.engine.num_iterations,
+                ts_of=lambda: self._epoch_offset_s + self.wall_of(self.loop.now_s),
+            )
+            self.engine.kv.cache.observer = self.kv_events
 
     # ---- clock ----------------------------------------------------------
     def start(self) -> None:
@@ -139,13 +158,31 @@ class EngineDriver:
         return self._start_wall_s + emulated_s / self.speed
 
     # ---- requests -------------------------------------------------------
-    def submit(self, request: Request, finish_reason: str) -> TokenStream:
-        """Hand a request to the engine at the current emulated time."""
+    def submit(
+        self, request: Request, finish_reason: str, token_ids: Seq[int] = ()
+    ) -> TokenStream:
+        """Hand a request to the engine at the current emulated time.
+
+        ``token_ids`` are the prompt's (the KV events' ``BlockStored`` carries them).
+        """
         self.advance()
         stream = TokenStream(request, finish_reason)
+        kv_events = self.kv_events
+        if kv_events is not None:
+            kv_events.register(request.block_hashes, token_ids)
         stream.seq = self.engine.submit(request, self.now_s(), stream)
+        if kv_events is not None:
+            kv_events.flush()
         self._arm()
         return stream
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block, as vLLM's ``/reset_prefix_cache`` (no-op while in use)."""
+        self.advance()
+        is_reset = self.engine.kv.cache.clear()
+        if self.kv_events is not None:
+            self.kv_events.flush()
+        return is_reset
 
     def abort(self, stream: TokenStream) -> bool:
         """The client went away: free the request's seat and KV memory, as vLLM does.
@@ -161,6 +198,10 @@ class EngineDriver:
             return False  # it finished just now
         if self.engine.abort(seq, self.now_s()):
             self._running.pop(stream, None)
+        kv_events = self.kv_events
+        if kv_events is not None:
+            kv_events.unregister(seq.hashes)
+            kv_events.flush()
         self._arm()
         return True
 
@@ -181,6 +222,8 @@ class EngineDriver:
         stream = seq.tag
         assert isinstance(stream, TokenStream)
         self._running.pop(stream, None)
+        if self.kv_events is not None:
+            self.kv_events.unregister(seq.hashes)
         if seq.num_generated > stream.num_published:
             stream.publish(self.wall_of(t_s), seq.num_generated)
         if self.observer is not None:
@@ -194,6 +237,8 @@ class EngineDriver:
         loop.run(until_s=until_s)
         if loop.num_events != num_before and self._running:
             self._publish_decoding()
+        if self.kv_events is not None:
+            self.kv_events.flush()
 
     def _publish_decoding(self) -> None:
         decoding = self.engine.decoding

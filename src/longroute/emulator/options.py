@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from longroute.emulator.kv_events_config import KvEventsConfig
 from longroute.emulator.network import DelaySchedule, check_schedule
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
@@ -64,6 +65,10 @@ class EmulatorOptions:
     ``scheduler_params`` and ``packer_params``, as a scenario's ``queue_policy``,
     ``batch_packer`` and their ``*_params``; names are checked here, parameters
     when :func:`build_engine_policies` is built into an engine.
+
+    ``kv_events`` publishes the engine's KV-cache events as vLLM does
+    (``--kv-events-config``, :mod:`longroute.emulator.kv_events_config`);
+    None, or a config that does not enable them, publishes nothing.
     """
 
     profile: str
@@ -94,6 +99,7 @@ class EmulatorOptions:
     packer: str = "token-budget"
     scheduler_params: Mapping[str, Any] = field(default_factory=dict)
     packer_params: Mapping[str, Any] = field(default_factory=dict)
+    kv_events: KvEventsConfig | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_gpus", self.num_gpus, 1)
@@ -134,6 +140,8 @@ class EmulatorOptions:
 
         _check_name("scheduler", self.scheduler, QUEUE_POLICIES)
         _check_name("packer", self.packer, BATCH_PACKERS)
+        if self.kv_events is not None and not isinstance(self.kv_events, KvEventsConfig):
+            raise ValueError(f"kv_events must be a KvEventsConfig, got {self.kv_events!r}")
 
     def _check_correctness(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0.0):

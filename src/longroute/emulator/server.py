@@ -15,6 +15,9 @@ by the admin call). Response headers are sent with the first token, so
 a failure before it leaves no byte on the wire (a gateway may retry). With
 an accuracy table, a KV-lookup prompt's reply starts with a right or wrong
 answer (:mod:`longroute.emulator.correctness`), decided after the faults.
+With ``kv_events`` the engine's prefix cache is published as vLLM's KV-cache
+events (:mod:`.kv_capture`, :mod:`.kv_publisher`); with ``admin_enabled`` also
+``POST /reset_prefix_cache`` (vLLM's path), which clears the cache.
 """
 
 from __future__ import annotations
@@ -28,10 +31,17 @@ from typing import Any
 
 from aiohttp import web
 
-from longroute.emulator.admin import NETWORK_DELAY_PATH, NetworkDelayAdmin, add_admin_routes
+from longroute.emulator.admin import (
+    NETWORK_DELAY_PATH,
+    RESET_PREFIX_CACHE_PATH,
+    NetworkDelayAdmin,
+    add_admin_routes,
+    add_reset_prefix_cache_route,
+)
 from longroute.emulator.correctness import KvVerdict, build_judge
 from longroute.emulator.engine_driver import EngineDriver, TokenStream
 from longroute.emulator.faults import FaultInjector, FaultPlan, cut_connection, hang_until_gone
+from longroute.emulator.kv_publisher import build_publisher
 from longroute.emulator.metrics import CONTENT_TYPE, EmulatorMetrics
 from longroute.emulator.network import NetworkDelay
 from longroute.emulator.options import (
@@ -70,6 +80,7 @@ class Emulator:
         self.options = options
         self.model_name = options.model_name
         self.metrics = EmulatorMetrics(self.model_name)
+        self.kv_publisher = build_publisher(options.kv_events)
         self.driver = EngineDriver(
             self.endpoint,
             predictor,
@@ -77,6 +88,7 @@ class Emulator:
             prefix_block_tokens=options.prefix_block_tokens,
             observer=self.metrics,
             policies=build_engine_policies(options),
+            kv_event_sink=None if self.kv_publisher is None else self.kv_publisher.publish,
         )
         self.judge = build_judge(options)
         self.faults = FaultInjector(
@@ -99,10 +111,14 @@ class Emulator:
 
     # ---- lifecycle ----------------------------------------------------------
     async def on_startup(self, _: web.Application) -> None:
+        if self.kv_publisher is not None:
+            self.kv_publisher.start()  # a taken port fails the start
         self.driver.start()
 
     async def on_cleanup(self, _: web.Application) -> None:
         self.driver.close()
+        if self.kv_publisher is not None:
+            await asyncio.to_thread(self.kv_publisher.close)  # sends what is queued first
 
     async def _travel(self) -> None:
         """Half the network round trip (a request arriving or a response leaving)."""
@@ -196,7 +212,7 @@ class Emulator:
             # vLLM's priority, for the queue policies that read it (others get none)
             priority=float(parsed.priority) if is_priority_scheduling else None,
         )
-        stream = self.driver.submit(engine_request, parsed.finish_reason)
+        stream = self.driver.submit(engine_request, parsed.finish_reason, parsed.prompt.token_ids)
         answer = None if verdict is None else verdict.answer
         renderer = ReplyRenderer(
             kind, request_id, int(time.time()), self.model_name, parsed.prompt.key, answer
@@ -308,10 +324,11 @@ def create_app(options: EmulatorOptions) -> web.Application:
     app.router.add_get("/v1/models", emulator.models)
     app.router.add_get("/health", emulator.health)
     app.router.add_get("/metrics", emulator.metrics_page)
-    admin_paths = (NETWORK_DELAY_PATH,) if options.admin_enabled else ()
+    admin_paths = (NETWORK_DELAY_PATH, RESET_PREFIX_CACHE_PATH) if options.admin_enabled else ()
     outage = Outage(emulator.network, emulator.driver.wall_of, exempt_paths=admin_paths)
     install_outage(app, outage)  # after the driver's startup: the watcher reads its clock
     if options.admin_enabled:  # else no admin surface at all: /admin/* is a 404
         admin = NetworkDelayAdmin(emulator.network, emulator.driver.now_s, outage.cut_if_down)
         add_admin_routes(app, admin)
+        add_reset_prefix_cache_route(app, emulator.driver.reset_prefix_cache)
     return app

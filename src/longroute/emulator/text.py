@@ -40,11 +40,16 @@ MAX_DEFAULT_OUTPUT_TOKENS = 256
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    """A tokenized prompt: its size, its block hashes and a key that seeds the reply."""
+    """A tokenized prompt: its size, block hashes, a key that seeds the reply, its token ids.
+
+    ``token_ids`` is the list the hashes were computed from (not copied; nobody
+    changes it): the KV events' ``BlockStored`` carries slices of it.
+    """
 
     num_tokens: int
     block_hashes: tuple[int, ...]
     key: int  # CRC-32 of the prompt; seeds the reply's words and default length
+    token_ids: Sequence[int] = ()
 
 
 def pseudo_token_ids(text: str) -> list[int]:
@@ -55,13 +60,14 @@ def pseudo_token_ids(text: str) -> list[int]:
 
 def prompt_from_text(text: str, block_size_tokens: int) -> Prompt:
     ids = pseudo_token_ids(text)
-    return Prompt(len(ids), chain_block_hashes(ids, block_size_tokens), zlib.crc32(text.encode()))
+    hashes = chain_block_hashes(ids, block_size_tokens)
+    return Prompt(len(ids), hashes, zlib.crc32(text.encode()), ids)
 
 
 def prompt_from_token_ids(token_ids: Sequence[int], block_size_tokens: int) -> Prompt:
     """A prompt given as token ids (``/v1/completions`` accepts those)."""
     key = zlib.crc32(b"".join(i.to_bytes(8, "little") for i in token_ids))
-    return Prompt(len(token_ids), chain_block_hashes(token_ids, block_size_tokens), key)
+    return Prompt(len(token_ids), chain_block_hashes(token_ids, block_size_tokens), key, token_ids)
 
 
 def chat_template(messages: Sequence[tuple[str, str]]) -> str:

@@ -11,17 +11,35 @@ tail-first so that, at equal age, a prefix outlives its extensions and the
 tree stays prefix-closed in practice. Eviction pops the oldest.
 
 Complexity: ``match`` O(matched blocks); ``acquire``/``release``/``insert``
-O(blocks touched); ``evict`` O(1) per block.
+O(blocks touched); ``evict`` O(1) per block; ``clear`` O(blocks).
+
+An optional :class:`CacheObserver` (the emulator's KV-event capture) is told
+of every block that enters or leaves; without one, ``insert`` and ``evict``
+pay one attribute test per call and nothing per block.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
+
+
+class CacheObserver(Protocol):
+    """Told of cache changes, synchronously, by the cache that owns the blocks."""
+
+    def on_stored(self, block_hashes: Sequence[int], start: int, stop: int) -> None:
+        """Blocks ``start..stop-1`` of ``block_hashes`` are new in the cache (one run)."""
+
+    def on_removed(self, block_hash: int) -> None:
+        """One block left the cache (evicted)."""
+
+    def on_cleared(self) -> None:
+        """Every block left the cache at once."""
 
 
 class EnginePrefixCache:
-    __slots__ = ("_free_lru", "_refs", "block_size_tokens")
+    __slots__ = ("_free_lru", "_refs", "block_size_tokens", "observer")
 
     def __init__(self, block_size_tokens: int) -> None:
         if block_size_tokens < 1:
@@ -29,6 +47,7 @@ class EnginePrefixCache:
         self.block_size_tokens = block_size_tokens
         self._refs: dict[int, int] = {}
         self._free_lru: OrderedDict[int, None] = OrderedDict()
+        self.observer: CacheObserver | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -65,6 +84,8 @@ class EnginePrefixCache:
         A block already present (computed concurrently by another request) is
         pinned instead of duplicated. Returns the number of new blocks.
         """
+        if self.observer is not None:
+            return self._insert_observed(self.observer, block_hashes, start, stop)
         refs = self._refs
         free = self._free_lru
         num_new = 0
@@ -78,6 +99,33 @@ class EnginePrefixCache:
                 if r == 0:
                     del free[h]
                 refs[h] = r + 1
+        return num_new
+
+    def _insert_observed(
+        self, observer: CacheObserver, block_hashes: Sequence[int], start: int, stop: int
+    ) -> int:
+        """``insert`` that tells ``observer`` of each run of consecutive new blocks."""
+        refs = self._refs
+        free = self._free_lru
+        num_new = 0
+        run_start: int | None = None  # first block of the current run of new blocks
+        for i in range(start, stop):
+            h = block_hashes[i]
+            r = refs.get(h)
+            if r is None:
+                refs[h] = 1
+                num_new += 1
+                if run_start is None:
+                    run_start = i
+                continue
+            if run_start is not None:
+                observer.on_stored(block_hashes, run_start, i)
+                run_start = None
+            if r == 0:
+                del free[h]
+            refs[h] = r + 1
+        if run_start is not None:
+            observer.on_stored(block_hashes, run_start, stop)
         return num_new
 
     def release(self, block_hashes: Sequence[int], num_blocks: int) -> None:
@@ -95,9 +143,31 @@ class EnginePrefixCache:
         """Drop up to ``num_blocks`` least-recently-released blocks; returns how many."""
         free = self._free_lru
         refs = self._refs
+        observer = self.observer
         n = 0
+        if observer is None:
+            while n < num_blocks and free:
+                h, _ = free.popitem(last=False)
+                del refs[h]
+                n += 1
+            return n
         while n < num_blocks and free:
             h, _ = free.popitem(last=False)
             del refs[h]
             n += 1
+            observer.on_removed(h)
         return n
+
+    def clear(self) -> bool:
+        """Drop every block if none is pinned (vLLM's prefix-cache reset); whether it did.
+
+        With blocks pinned by running requests nothing changes, as vLLM
+        refuses a reset while blocks are in use.
+        """
+        if len(self._free_lru) != len(self._refs):
+            return False
+        self._refs.clear()
+        self._free_lru.clear()
+        if self.observer is not None:
+            self.observer.on_cleared()
+        return True
