@@ -1,13 +1,8 @@
 """Deterministic text for the emulator: pseudo-tokens, a chat template, output words.
 
-No tokenizer model is loaded. A prompt is cut into *pseudo-tokens* by one
-regular expression: runs of up to 6 word characters or up to 2 punctuation
-characters, each with at most one leading whitespace character, or runs of
-whitespace. English prose comes out at about 4.5 characters per token and
-Markdown or code at about 3.5, near what BPE tokenizers give; equal texts
-always give equal tokens, so equal prefixes give equal block hashes and real prefix-cache
-hits. Token ids are CRC-32s of the pieces' UTF-8 bytes (stable across
-processes, unlike ``hash`` of a str).
+No tokenizer model is loaded: the pseudo-tokens and the chat template are
+:mod:`longroute.features.pseudo_tokens`' (re-exported here), so the gateway
+can compute the very token ids the emulator does.
 
 Called by the request handlers once per request, before submission:
 O(prompt length).
@@ -15,14 +10,24 @@ O(prompt length).
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from longroute.features.block_hash import chain_block_hashes
+from longroute.features.pseudo_tokens import chat_template, pseudo_token_ids
 
-_PIECE_RE = re.compile(r"\s?\w{1,6}|\s?[^\w\s]{1,2}|\s+")
+__all__ = [
+    "VOCABULARY",
+    "Prompt",
+    "chat_template",
+    "default_output_tokens",
+    "output_piece",
+    "output_text",
+    "prompt_from_text",
+    "prompt_from_token_ids",
+    "pseudo_token_ids",
+]
 
 # Words of the deterministic replies; one word is one output token.
 VOCABULARY = (
@@ -52,12 +57,6 @@ class Prompt:
     token_ids: Sequence[int] = ()
 
 
-def pseudo_token_ids(text: str) -> list[int]:
-    """Token ids of ``text`` (see the module docstring). O(len(text))."""
-    crc = zlib.crc32
-    return [crc(piece.encode()) for piece in _PIECE_RE.findall(text)]
-
-
 def prompt_from_text(text: str, block_size_tokens: int) -> Prompt:
     ids = pseudo_token_ids(text)
     hashes = chain_block_hashes(ids, block_size_tokens)
@@ -68,13 +67,6 @@ def prompt_from_token_ids(token_ids: Sequence[int], block_size_tokens: int) -> P
     """A prompt given as token ids (``/v1/completions`` accepts those)."""
     key = zlib.crc32(b"".join(i.to_bytes(8, "little") for i in token_ids))
     return Prompt(len(token_ids), chain_block_hashes(token_ids, block_size_tokens), key, token_ids)
-
-
-def chat_template(messages: Sequence[tuple[str, str]]) -> str:
-    """The templated prompt of (role, content) messages, with the assistant turn opened."""
-    parts = [f"<|{role}|>\n{content}<|end|>\n" for role, content in messages]
-    parts.append("<|assistant|>\n")
-    return "".join(parts)
 
 
 def default_output_tokens(key: int) -> int:
