@@ -39,6 +39,9 @@ class BlockStored:
     block_size_tokens: int
     medium: str | None = None
     lora_name: str | None = None
+    # vLLM's KV-cache group (hybrid models have several; engines before the
+    # field existed had one, group 0). The same hash may live in several groups.
+    group_idx: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class BlockRemoved:
 
     block_hashes: tuple[EngineBlockHash, ...]
     medium: str | None = None
+    group_idx: int = 0
 
 
 @dataclass(frozen=True, slots=True)
