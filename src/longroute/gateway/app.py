@@ -148,6 +148,10 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self.drain = Drain()
         self._drain_report: DrainReport | None = None
+        self.worker_index: int | None = None  # set by `serve --workers N` before start
+        self._id_head = b"x-request-id: %s\r\n"  # + the worker's header, once it has one
+        self._ops_server: HttpServer | None = None
+        self.ops_addresses: list[tuple[str, int]] = []
 
     # ---- the wiring in force (read per request) ---------------------------------
     @property
@@ -221,7 +225,7 @@ class Gateway:
         """The server's handler: the request's id (on its response, whatever it is), one
         dict lookup, then the route's handler (else a 404)."""
         request_id = self.ids.take(http_request.headers.get(REQUEST_ID_HEADER))
-        stream.extra_head = b"x-request-id: %s\r\n" % request_id.encode("ascii")
+        stream.extra_head = self._id_head % request_id.encode("ascii")
         handler = self.routes.get((http_request.method, http_request.path))
         if handler is None:
             message = f"Invalid URL ({http_request.method} {http_request.path})"
@@ -231,6 +235,16 @@ class Gateway:
             self.metrics.errors.labels("draining").inc()
             return draining_error(self.config.admission.retry_after_s).response()
         return await handler(http_request, stream, request_id)
+
+    async def dispatch_ops(
+        self, http_request: HttpRequest, stream: ResponseStream
+    ) -> HttpResponse | None:
+        """A worker's own ops port: health, readiness, metrics and the admin API only."""
+        path = http_request.path
+        if path in _OPS_PATHS or path.startswith("/admin/"):
+            return await self.dispatch(http_request, stream)
+        message = f"the ops port serves {', '.join(sorted(_OPS_PATHS))} and /admin/* only"
+        return GatewayError(404, message, kind="unknown_url").response()
 
     def _health_changed(self, name: str, is_healthy: bool) -> None:
         self.fleet.set_health(name, is_healthy)
@@ -266,8 +280,16 @@ class Gateway:
         return HttpResponse(200, self.metrics.render(), CONTENT_TYPE_LATEST)
 
     # ---- lifecycle -------------------------------------------------------------
-    async def start(self, host: str, port: int) -> list[tuple[str, int]]:
-        """Opens the monitoring loops, then listens; returns the bound (host, port) pairs."""
+    async def start(
+        self, host: str, port: int, *, reuse_port: bool = False, ops_port: int | None = None
+    ) -> list[tuple[str, int]]:
+        """Opens the monitoring loops, then listens; returns the bound (host, port) pairs.
+        ``reuse_port``: SO_REUSEPORT (one of several workers on one port); ``ops_port``: also
+        listen there (0: any free port; :attr:`ops_addresses`) for this process's own
+        ``/metrics``, ``/health``, ``/ready`` and ``/admin/*``."""
+        if self.worker_index is not None:
+            worker = b"x-longroute-worker: %d\r\n" % self.worker_index
+            self._id_head = b"x-request-id: %s\r\n" + worker
         log.addFilter(self.log_filter)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
@@ -279,9 +301,21 @@ class Gateway:
         )
         self._tasks["health"] = asyncio.create_task(self.health.run(self._session))
         self.sync_loops()
+        self._server = self._http_server(self.dispatch)
+        try:
+            addresses = await self._server.start(host, port, reuse_port=reuse_port)
+            if ops_port is not None:
+                self._ops_server = self._http_server(self.dispatch_ops)
+                self.ops_addresses = await self._ops_server.start(host, ops_port)
+        except BaseException:
+            await self.stop()
+            raise
+        return addresses
+
+    def _http_server(self, handler: Callable[..., Awaitable[HttpResponse | None]]) -> HttpServer:
         limits = self.config.http
-        self._server = HttpServer(
-            self.dispatch,
+        return HttpServer(
+            handler,
             max_body_bytes=self.config.admission.max_body_bytes,
             on_reject=self._count_rejected,
             keepalive_timeout_s=limits.keepalive_timeout_s,
@@ -292,11 +326,6 @@ class Gateway:
             head_timeout_s=limits.head_timeout_s,
             body_timeout_s=limits.body_timeout_s,
         )
-        try:
-            return await self._server.start(host, port)
-        except BaseException:
-            await self.stop()
-            raise
 
     @property
     def background_tasks(self) -> list[asyncio.Task[None]]:
@@ -373,6 +402,9 @@ class Gateway:
             await self.drain_requests(grace_s)
             await self._server.close(0.0)
             self._server = None
+        if self._ops_server is not None:
+            await self._ops_server.close(0.0)
+            self._ops_server = None
         tasks = [*self._tasks.values(), *self.retiring]
         for task in tasks:
             task.cancel()

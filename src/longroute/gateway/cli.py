@@ -12,6 +12,8 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -51,50 +53,127 @@ def serve_command(
     log_level: Annotated[
         str, typer.Option(help=f"Logging level: {', '.join(LOG_LEVELS)}.")
     ] = "info",
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Gateway processes on one port (SO_REUSEPORT), under a parent that forwards "
+            "signals and restarts a worker that dies; 1 = this process serves (no parent)."
+        ),
+    ] = 1,
+    metrics_port_base: Annotated[
+        int | None,
+        typer.Option(
+            help="Worker i also serves its own /metrics, /health, /ready and /admin/* on this "
+            "port + i (0: any free port, logged); off when unset."
+        ),
+    ] = None,
+    worker_index: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the configured backends."""
     from longroute.gateway.app import Gateway
     from longroute.gateway.config import load_gateway_config, resolve_secrets
+    from longroute.gateway.workers import check_num_workers, check_wiring
 
     err = Console(stderr=True, soft_wrap=True)
+
+    def fail(message: str, code: int = 2) -> typer.Exit:
+        err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        return typer.Exit(code=code)
+
     if log_level not in LOG_LEVELS:
-        err.print(f"[bold red]error:[/] --log-level must be one of {', '.join(LOG_LEVELS)}")
-        raise typer.Exit(code=2)
+        raise fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
     try:
+        check_num_workers(workers)
+        if metrics_port_base is not None and not 0 <= metrics_port_base <= 65536 - workers:
+            raise ValueError(
+                f"--metrics-port-base must be 0 (any free port) or leave room for {workers} "
+                f"port(s) below 65536, got {metrics_port_base}"
+            )
         gateway_config = load_gateway_config(config)
-        gateway = Gateway(gateway_config, resolve_secrets(gateway_config), config_path=config)
+        secrets = resolve_secrets(gateway_config)
+        is_parent = workers > 1 and worker_index is None
+        if is_parent:  # the parent checks what each worker will, and serves nothing
+            check_wiring(gateway_config, secrets)
+        else:
+            gateway = Gateway(gateway_config, secrets, config_path=config)
     except (ConfigError, RegistryError, ValueError) as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(code=2) from None
+        raise fail(str(exc)) from None
+    where = "" if worker_index is None else f"[worker {worker_index}]"
     logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=log_level.upper(), format=f"%(asctime)s %(levelname)s %(name)s{where}: %(message)s"
     )
-    for handler in logging.getLogger().handlers:  # every library's records too (aiohttp, ...)
-        handler.addFilter(gateway.log_filter)
     bind_host = host if host is not None else gateway_config.listen.host
     bind_port = port if port is not None else gateway_config.listen.port
+    if is_parent:
+        raise typer.Exit(
+            _supervise(config, bind_host, bind_port, log_level, workers, metrics_port_base, fail)
+        )
+    for handler in logging.getLogger().handlers:  # every library's records too (aiohttp, ...)
+        handler.addFilter(gateway.log_filter)
     logging.getLogger("longroute.gateway").info(
         "router %s, %d backend(s)", gateway_config.router.name, len(gateway_config.backends)
     )
+    gateway.worker_index = worker_index
+    ops_port = None
+    if metrics_port_base is not None:
+        # base 0 stays 0: any free port for each worker
+        ops_port = metrics_port_base and metrics_port_base + (worker_index or 0)
     try:
-        _run(gateway, bind_host, bind_port)
+        _run(gateway, bind_host, bind_port, worker_index is not None, ops_port)
     except OSError as exc:  # e.g. the port is taken
-        where = escape(f"{bind_host}:{bind_port}")
-        err.print(f"[bold red]error:[/] cannot listen on {where}: {escape(str(exc.strerror))}")
-        raise typer.Exit(code=1) from None
+        where = f"{bind_host}:{bind_port}"
+        raise fail(f"cannot listen on {where}: {exc.strerror}", code=1) from None
 
 
-def _run(gateway: Gateway, host: str, port: int) -> None:
+def _supervise(
+    config: Path,
+    host: str,
+    port: int,
+    log_level: str,
+    num_workers: int,
+    metrics_port_base: int | None,
+    fail: Callable[..., typer.Exit],
+) -> int:
+    """The parent of ``num_workers`` workers (:mod:`longroute.gateway.workers`); its exit
+    status."""
+    from longroute.gateway.workers import Supervisor, reserve_port
+
+    try:
+        reserved = reserve_port(host, port)
+    except OSError as exc:
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror}", code=1) from None
+    with reserved:
+        port = reserved.getsockname()[1]
+
+        def argv_for(index: int) -> list[str]:
+            argv = [sys.executable, "-m", "longroute", "serve", "--config", str(config),
+                    "--host", host, "--port", str(port), "--log-level", log_level,
+                    "--worker-index", str(index)]  # fmt: skip
+            if metrics_port_base is not None:
+                argv += ["--metrics-port-base", str(metrics_port_base)]
+            return argv
+
+        logging.getLogger("longroute.gateway.workers").info(
+            "starting %d workers on %s:%d (SO_REUSEPORT)", num_workers, host, port
+        )
+        return Supervisor(argv_for, num_workers).run()
+
+
+def _run(
+    gateway: Gateway, host: str, port: int, reuse_port: bool = False, ops_port: int | None = None
+) -> None:
     """Serve on a fresh event loop until SIGINT/SIGTERM, then stop gracefully."""
     loop = _new_event_loop()
     try:
-        loop.run_until_complete(_serve(gateway, host, port))
+        loop.run_until_complete(_serve(gateway, host, port, reuse_port, ops_port))
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _serve(gateway: Gateway, host: str, port: int) -> None:
+async def _serve(
+    gateway: Gateway, host: str, port: int, reuse_port: bool = False, ops_port: int | None = None
+) -> None:
     """Serve until SIGINT/SIGTERM, then drain (a second signal cuts the drain short); logs
     the bound address (the real port when 0 was asked)."""
     stopping = asyncio.Event()
@@ -118,13 +197,15 @@ async def _serve(gateway: Gateway, host: str, port: int) -> None:
         loop.add_signal_handler(signum, on_stop_signal)
     loop.add_signal_handler(signal.SIGHUP, on_reload_signal)
     try:
-        addresses = await gateway.start(host, port)
+        addresses = await gateway.start(host, port, reuse_port=reuse_port, ops_port=ops_port)
         # what exists now lives as long as the process: keep the collector's full
         # passes (tens of ms each, a few per 10,000 requests) from walking it
         gc.collect()
         gc.freeze()
         for address in addresses:
             logging.getLogger("longroute.gateway").info("listening on http://%s:%d", *address)
+        for address in gateway.ops_addresses:
+            logging.getLogger("longroute.gateway").info("ops port on http://%s:%d", *address)
         await stopping.wait()
         await gateway.drain_requests(gateway.config.shutdown.drain_timeout_s)
     finally:

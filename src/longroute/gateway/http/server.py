@@ -77,13 +77,17 @@ class HttpServer:
         self.is_closing = False
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int, *, backlog: int = 1024) -> list[tuple[str, int]]:
-        """Starts listening; returns the bound (host, port) pairs (port 0 gives the real port)."""
+    async def start(
+        self, host: str, port: int, *, backlog: int = 1024, reuse_port: bool = False
+    ) -> list[tuple[str, int]]:
+        """Starts listening; returns the bound (host, port) pairs (port 0 gives the real port).
+        ``reuse_port``: SO_REUSEPORT, so several processes listen on one port (the kernel
+        spreads new connections over them: ``longroute serve --workers N``)."""
         if self._server is not None or self.is_closing:
             raise RuntimeError("HttpServer.start() called twice")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            partial(Connection, self), host, port, backlog=backlog
+            partial(Connection, self), host, port, backlog=backlog, reuse_port=reuse_port or None
         )
         return [(sock.getsockname()[0], sock.getsockname()[1]) for sock in self._server.sockets]
 

@@ -1,0 +1,232 @@
+"""``longroute serve --workers N``: N gateway processes on one port, and their parent.
+
+Each worker is a whole ``longroute serve`` process (``--worker-index i``) that listens
+on the same host and port with ``SO_REUSEPORT``; the kernel spreads new connections
+over them. Each keeps its own state (prefix index, in-flight counters, subscriptions);
+with ``load_source: engine`` they all route on the engines' global load.
+
+The parent (:class:`Supervisor`) listens on nothing. It reserves the port first (a
+socket bound with ``SO_REUSEPORT`` and never listening, so it gets no connection;
+with ``--port 0`` that picks the port every worker then takes), starts the workers
+in sessions of their own (a terminal's Ctrl-C reaches them once, through the
+parent), forwards SIGTERM and SIGINT (drain; a second one cuts the drain short) and
+SIGHUP (reload) to each, and restarts a worker that exits while no stop was asked,
+after a back-off that doubles with each quick failure (``RESTART_BACKOFF_S`` up to
+``MAX_RESTART_BACKOFF_S``; a worker that lived ``STABLE_AFTER_S`` starts over). It
+exits 0 once every worker ended with 0 after a stop, else 1. On Linux each worker
+gets SIGTERM if the parent dies (``PR_SET_PDEATHSIG``), so none is left behind.
+
+Metrics: a Prometheus scrape of the shared port lands on a random worker, so
+``--metrics-port-base B`` gives worker ``i`` an ops port ``B + i`` of its own
+(``/metrics``, ``/health``, ``/ready``, ``/admin/*``; ``B = 0``: any free ports,
+logged), to be scraped as N targets; every response carries ``x-longroute-worker``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from longroute.clock import WallClock
+from longroute.gateway.config import GatewayConfig, GatewaySecrets
+
+log = logging.getLogger("longroute.gateway.workers")
+
+MAX_WORKERS_PER_CORE = 4
+RESTART_BACKOFF_S = 0.5
+MAX_RESTART_BACKOFF_S = 30.0
+STABLE_AFTER_S = 30.0
+_POLL_S = 0.05
+_PR_SET_PDEATHSIG = 1
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def check_num_workers(num_workers: int, num_cores: int | None = None) -> None:
+    """ValueError unless 1 <= ``num_workers`` <= cores x MAX_WORKERS_PER_CORE."""
+    cores = num_cores if num_cores is not None else (os.cpu_count() or 1)
+    limit = cores * MAX_WORKERS_PER_CORE
+    if not 1 <= num_workers <= limit:
+        raise ValueError(
+            f"--workers must be between 1 and {limit} ({MAX_WORKERS_PER_CORE} per core on "
+            f"this machine's {cores}), got {num_workers}"
+        )
+
+
+def check_wiring(config: GatewayConfig, secrets: GatewaySecrets) -> None:
+    """Builds ``config``'s wiring once and drops it: the errors a worker would meet at
+    start (ConfigError, RegistryError, ValueError), met by the parent before any starts.
+    Opens no file and starts no thread (no access log, no tracer)."""
+    from longroute.gateway.metrics import GatewayMetrics
+    from longroute.gateway.wiring import Wiring
+
+    Wiring(config, secrets, GatewayMetrics(None, lambda: 0), WallClock(), itertools.count(1))
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` with SO_REUSEPORT that never listens: it holds the
+    port (port 0: picks one) for the workers, who bind it too. OSError if it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def backoff_s(num_quick_failures: int) -> float:
+    """Seconds before a restart after ``num_quick_failures`` quick exits in a row (>= 1)."""
+    return min(MAX_RESTART_BACKOFF_S, RESTART_BACKOFF_S * 2.0 ** (num_quick_failures - 1))
+
+
+@dataclass(slots=True)
+class _Worker:
+    """The parent's record of one worker slot (mutable: only the Supervisor changes it)."""
+
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    started_s: float = 0.0
+    num_quick_failures: int = 0
+    restart_at_s: float | None = None
+    exit_code: int | None = None
+
+
+class Supervisor:
+    """Runs ``num_workers`` processes ``argv_for(i)`` until a stop signal drained them all.
+
+    Call :meth:`run` from the main thread (it installs signal handlers); it polls its
+    children every 50 ms, O(workers) per poll.
+    """
+
+    def __init__(self, argv_for: Callable[[int], Sequence[str]], num_workers: int) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self._argv_for = argv_for
+        self.workers = [_Worker(i) for i in range(num_workers)]
+        self.is_stopping = False
+        self._signals: list[int] = []
+
+    def run(self) -> int:
+        """Starts every worker and supervises them; returns the parent's exit status."""
+        previous = {s: signal.signal(s, self._on_signal) for s in _FORWARDED}
+        try:
+            for worker in self.workers:
+                self._start(worker)
+            while not (self.is_stopping and self._all_exited()):
+                self._handle_signals()
+                self._reap()
+                self._restart_due()
+                time.sleep(_POLL_S)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self._kill_leftovers()
+        codes = [w.exit_code for w in self.workers]
+        if all(code == 0 for code in codes):
+            log.info("all %d workers drained; exiting", len(self.workers))
+            return 0
+        log.error("workers ended with exit codes %s", codes)
+        return 1
+
+    def _on_signal(self, signum: int, _: object) -> None:
+        self._signals.append(signum)  # acted on by the loop, outside the handler
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            name = signal.Signals(signum).name
+            if signum != signal.SIGHUP:
+                if not self.is_stopping:
+                    log.info("%s: draining %d workers", name, len(self.workers))
+                self.is_stopping = True
+                for worker in self.workers:
+                    worker.restart_at_s = None
+            else:
+                log.info("SIGHUP: every worker reloads its config")
+            for worker in self.workers:
+                if worker.process is not None and worker.process.poll() is None:
+                    worker.process.send_signal(signum)
+
+    def _start(self, worker: _Worker) -> None:
+        worker.process = subprocess.Popen(
+            list(self._argv_for(worker.index)),
+            start_new_session=True,  # signals reach it through the parent only
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+        worker.started_s = time.monotonic()
+        worker.restart_at_s = None
+        worker.exit_code = None
+        log.info("worker %d started (pid %d)", worker.index, worker.process.pid)
+
+    def _reap(self) -> None:
+        now_s = time.monotonic()
+        for worker in self.workers:
+            process = worker.process
+            if process is None or (code := process.poll()) is None:
+                continue
+            worker.process = None
+            worker.exit_code = code
+            if self.is_stopping:
+                log.info("worker %d (pid %d) exited with %d", worker.index, process.pid, code)
+                continue
+            lived_s = now_s - worker.started_s
+            quick = lived_s < STABLE_AFTER_S
+            worker.num_quick_failures = worker.num_quick_failures + 1 if quick else 1
+            delay_s = backoff_s(worker.num_quick_failures)
+            worker.restart_at_s = now_s + delay_s
+            log.warning(
+                "worker %d (pid %d) exited with %d after %.1f s; restarting it in %.1f s",
+                worker.index, process.pid, code, lived_s, delay_s,
+            )  # fmt: skip
+
+    def _restart_due(self) -> None:
+        now_s = time.monotonic()
+        for worker in self.workers:
+            if worker.restart_at_s is not None and now_s >= worker.restart_at_s:
+                self._start(worker)
+
+    def _all_exited(self) -> bool:
+        return all(w.process is None for w in self.workers)
+
+    def _kill_leftovers(self) -> None:
+        """Workers still running when the parent leaves abnormally (an exception)."""
+        for worker in self.workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait()
+
+
+def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A pre-exec hook: SIGTERM the child when the parent dies (Linux), else None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+__all__ = [
+    "MAX_WORKERS_PER_CORE",
+    "Supervisor",
+    "backoff_s",
+    "check_num_workers",
+    "check_wiring",
+    "reserve_port",
+]
