@@ -145,6 +145,7 @@ def simulate(
     from longroute.metrics.summary_tables import summary_tables
     from longroute.metrics.tables import print_tables
     from longroute.metrics.ttca_tables import setting_tables
+    from longroute.sim import engine_variants
     from longroute.sim.scenario import load_scenario, resolve_routers, run_scenario
     from longroute.workloads.traces import TraceError
 
@@ -184,7 +185,7 @@ def simulate(
 
         progress = progress_bar("{task.completed}/{task.total} routers")
         with progress:
-            num_runs = len(names) * len(config.engines or [None])
+            num_runs = len(names) * len(engine_variants.engine_names(config))
             task = progress.add_task(f"simulating {config.name}", total=num_runs)
             run = run_scenario(
                 config,

@@ -308,6 +308,36 @@ class EngineVariantConfig(_Model):
     )
 
 
+class GatewayReplicasConfig(_Model):
+    """How many gateway replicas route a scenario's requests, and what each one knows
+    (the simulator's model of several gateways; see docs/scenarios.md)."""
+
+    replicas: int = Field(
+        1, ge=1, le=64, description="Gateway replicas, each with its own router and fleet view."
+    )
+    replica_spread: Literal["request", "session"] = Field(
+        "request",
+        description="How the balancer in front spreads requests: round-robin per request "
+        "(no affinity), or sticky by session id.",
+    )
+    prefix_state: Literal["approximate", "precise"] = Field(
+        "approximate",
+        description="approximate: each replica's prefix index learns its own dispatches; "
+        "precise: every replica's index holds what the engines cache, from their KV events.",
+    )
+    event_lag_s: float = Field(
+        0.01, ge=0, le=60, description="Delay of an engine's KV events (precise state)."
+    )
+    load_source: Literal["local", "engine"] = Field(
+        "local",
+        description="local: a replica's load counts its own requests in flight; engine: the "
+        "engine's running + waiting at the last scrape plus the replica's dispatches since.",
+    )
+    load_scrape_interval_s: float = Field(
+        0.1, gt=0, le=60, description="How often each replica scrapes engine load (engine)."
+    )
+
+
 class ScenarioConfig(_Model):
     name: str = Field(description="Scenario name, shown in reports.")
     description: str = Field("", description="One paragraph on what it models.")
@@ -336,6 +366,15 @@ class ScenarioConfig(_Model):
         None,
         description="Named engine schedulers to compare, each run with every router "
         "(None = the one given by queue_policy and batch_packer).",
+    )
+    gateway: GatewayReplicasConfig = Field(
+        default_factory=lambda: GatewayReplicasConfig(),
+        description="Gateway replicas and what they know (default: one gateway).",
+    )
+    gateways: dict[str, GatewayReplicasConfig] | None = Field(
+        None,
+        description="Named gateway set-ups to compare, each run with every router "
+        "(None = the one given by `gateway`).",
     )
     is_prefix_caching: bool = Field(True, description="Engines cache prompt prefixes.")
     scrape_interval_s: float | None = Field(
@@ -423,6 +462,18 @@ class ScenarioConfig(_Model):
             raise ValueError(
                 f"give the engine scheduler in `engines` or in {', '.join(clash)}, not both"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_gateway_source(self) -> ScenarioConfig:
+        if self.gateways is None:
+            return self
+        if not self.gateways:
+            raise ValueError("gateways: give at least one named gateway set-up, or leave it out")
+        if "gateway" in self.model_fields_set:
+            raise ValueError("give the gateway set-up in `gateways` or in `gateway`, not both")
+        if self.engines is not None:
+            raise ValueError("a scenario compares `engines` or `gateways`, not both")
         return self
 
     @model_validator(mode="after")

@@ -12,6 +12,12 @@ several routers too, and the router's name when there are no engines.
 one of them (its policy names and parameters at the top level, its token
 budget, if it sets one, on every fleet group), which is how the simulator and
 ``longroute sweep`` run each.
+
+A scenario may compare gateway set-ups the same way (``gateways:``, named
+:class:`~longroute.config.GatewayReplicasConfig`, e.g. 1 to 8 replicas with an
+approximate or a precise prefix state): each is a variant like an engine,
+labelled alike, and :func:`apply_engine` sets it as the scenario's ``gateway``.
+A scenario compares engines or gateways, not both (the config refuses it).
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from longroute.config import ScenarioConfig
 
 
 def engine_names(config: ScenarioConfig) -> list[str | None]:
-    """The scenario's engines in file order, or ``[None]`` (its one scheduler)."""
-    return list(config.engines) if config.engines else [None]
+    """The scenario's engines (or gateway set-ups) in file order, or ``[None]`` (its one
+    scheduler and gateway)."""
+    if config.engines:
+        return list(config.engines)
+    return list(config.gateways) if config.gateways else [None]
 
 
 def engine_label(router_label: str, engine: str | None, num_routers: int) -> str:
@@ -42,9 +51,12 @@ def labels(
 
 
 def apply_engine(config: ScenarioConfig, engine: str | None) -> ScenarioConfig:
-    """The scenario as run with ``engine`` (``None``: unchanged)."""
+    """The scenario as run with ``engine``, an engine or gateway set-up (``None``:
+    unchanged)."""
     if engine is None:
         return config
+    if config.gateways is not None:
+        return config.model_copy(update={"gateways": None, "gateway": config.gateways[engine]})
     assert config.engines is not None
     variant = config.engines[engine]
     fleet = config.fleet

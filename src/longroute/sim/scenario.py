@@ -48,6 +48,7 @@ from longroute.sim import engine_variants
 from longroute.sim.clients import ClientSpec, CorrectnessSpec, query_languages
 from longroute.sim.laar_fit import build_capability, build_oracle, check_table_covers
 from longroute.sim.network import Network
+from longroute.sim.replicas import gateway_options
 from longroute.sim.simulator import EngineOptions, SimResult, Simulation
 from longroute.sim.workflow_fit import build_workflow_predictors, predictor_kinds
 from longroute.types import SLO, Endpoint
@@ -342,7 +343,7 @@ def run_scenario(
     workload; ``trace_format`` names its format (one of ``TRACE_FORMATS``), detected when None.
     """
     seed = config.seed if seed is None else seed
-    if config.engines:
+    if config.engines or config.gateways:
         traced = (trace, trace_format)
         return _run_engines(config, seed, routers, traced, on_router_done, prepare_router)
     names = resolve_routers(config, routers)
@@ -368,22 +369,26 @@ def run_scenario(
         oracle = correctness.oracle if correctness is not None else None
         capability = build_capability(config.capability, oracle, models, seed)
     workflow_models = _workflow_models(config, names, endpoints)
+    gateway = gateway_options(config, names)
     results: dict[str, SimResult] = {}
     for name in names:
-        # each router gets its own streams, derived from the seed and its name only
-        salt = zlib.crc32(name.encode())
         is_given = capability is not None and takes_capability(name)
         extra: dict[str, Any] = {"capability": capability} if is_given else {}
         extra.update({k: workflow_models[k] for k in predictor_kinds(name) if k in workflow_models})
-        router = ROUTERS.build(
-            name, config.router_params.get(name), rng=random.Random(seed ^ salt), **extra
-        )
-        observers = prepare_router(name, router) if prepare_router is not None else ()
+        replicas = [
+            ROUTERS.build(
+                name, config.router_params.get(name), rng=_router_rng(name, seed, i), **extra
+            )
+            for i in range(gateway.num_replicas)
+        ]
+        observers: list[RunObserver] = []
+        for router in replicas:
+            observers.extend(prepare_router(name, router) if prepare_router is not None else ())
         sim = Simulation(
             endpoints,
             predictors,
             _network(config, seed),
-            router,
+            replicas[0],
             workload,
             clients,
             seed=seed,
@@ -392,12 +397,23 @@ def run_scenario(
             router_name=name,
             correctness=correctness,
             observers=observers,
+            gateway=gateway,
+            replica_routers=replicas[1:],
         )
         results[name] = sim.run()
         if on_router_done is not None:
             on_router_done(name)
     max_attempts = correctness.max_attempts if correctness is not None else None
     return ScenarioRun(config, seed, workload, results, max_attempts, capability)
+
+
+def _router_rng(name: str, seed: int, replica: int) -> random.Random:
+    """Each router's own stream, from the seed, its name and its gateway replica only
+    (replica 0's is the stream of a run with one gateway)."""
+    salt = zlib.crc32(name.encode())
+    if replica == 0:
+        return random.Random(seed ^ salt)
+    return random.Random(f"{seed}:{salt}:replica-{replica}")
 
 
 def _workflow_models(

@@ -11,6 +11,10 @@ as a new request (attempt + 1, the tried model and endpoint appended, same
 prompt blocks, so a retry on the same engine hits its prefix cache); a
 correct answer or attempt R ends the query and the session goes on. Without
 a spec, answers are not checked and nothing is retried.
+
+With :class:`GatewayOptions` of K > 1 replicas, K routers each keep their own
+FleetView and requests are spread over them (``sim.replicas``); ``router`` and
+``fleet`` are replica 0's.
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ from longroute.estimators.rtt import RttEwma
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.metrics.records import RequestRecord, RunObserver
 from longroute.routing.base import Router
-from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView, NoCandidateError
+from longroute.routing.fleet_view import (
+    CandidatesExhaustedError,
+    FleetView,
+    LoadSource,
+    NoCandidateError,
+)
 from longroute.sim.clients import (
     ClientSpec,
     CorrectnessSpec,
@@ -37,6 +46,7 @@ from longroute.sim.engine import EngineModel
 from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
 from longroute.sim.network import Network
+from longroute.sim.replicas import GatewayOptions, ReplicaPicker, watch_engine_caches
 from longroute.sim.sequence import Sequence as EngineSeq
 from longroute.sim.workflows import WorkflowTracker, judge, resolve
 from longroute.types import SLO, Endpoint, Request
@@ -80,6 +90,7 @@ class _Flight:
         "dispatch_s",
         "endpoint",
         "first_token_s",
+        "replica",
         "request",
         "rtt_s",
         "session",
@@ -96,6 +107,7 @@ class _Flight:
         rtt_s: float,
         user: int | None,
         dispatch_s: float,
+        replica: int,
     ) -> None:
         self.request = request
         self.session = session
@@ -105,6 +117,7 @@ class _Flight:
         self.dispatch_s = dispatch_s
         self.first_token_s: float | None = None
         self.user = user
+        self.replica = replica
 
 
 class Simulation:
@@ -123,8 +136,18 @@ class Simulation:
         router_name: str | None = None,
         correctness: CorrectnessSpec | None = None,
         observers: Sequence[RunObserver] = (),
+        gateway: GatewayOptions | None = None,
+        replica_routers: Sequence[Router] = (),
     ) -> None:
+        """``replica_routers`` are the routers of gateway replicas 1..K-1 (replica 0's is
+        ``router``), one per extra replica of ``gateway``; ``observers`` see every replica."""
         self.options = options or EngineOptions()
+        self.gateway = gateway or GatewayOptions()
+        if len(replica_routers) != self.gateway.num_replicas - 1:
+            raise ValueError(
+                f"{self.gateway.num_replicas} gateway replicas need "
+                f"{self.gateway.num_replicas - 1} replica_routers, got {len(replica_routers)}"
+            )
         self.loop = EventLoop()
         self.network = network
         self.router = router
@@ -139,12 +162,18 @@ class Simulation:
         # an oracle router's requests carry true lengths as priority (sim.workflows.resolve)
         self._priority_oracle: str | None = getattr(router, "priority_oracle", None)
         base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
-        self.fleet = FleetView(
-            endpoints,
-            base_rtt,
-            prefix_capacity_blocks=self.options.prefix_index_capacity_blocks,
-            is_prefix_index_enabled=bool(getattr(router, "needs_prefix_index", True)),
+        self.routers: tuple[Router, ...] = (router, *replica_routers)
+        self.fleets = tuple(
+            FleetView(
+                endpoints,
+                base_rtt,
+                prefix_capacity_blocks=self.options.prefix_index_capacity_blocks,
+                is_prefix_index_enabled=bool(getattr(r, "needs_prefix_index", True)),
+            )
+            for r in self.routers
         )
+        self.fleet = self.fleets[0]
+        self._picker = ReplicaPicker(self.gateway.num_replicas, self.gateway.replica_spread)
         self.engines: dict[str, EngineModel] = {}
         o = self.options
         policies = PolicyBuilder(
@@ -163,7 +192,11 @@ class Simulation:
                 is_prefix_caching=self.options.is_prefix_caching,
                 is_fast_forward=self.options.is_fast_forward,
             )
-        self._rtt = {name: RttEwma(rtt_ms) for name, rtt_ms in base_rtt.items()}
+        if self.gateway.is_precise:
+            watch_engine_caches(self.engines, self.fleets, self.loop, self.gateway.event_lag_s)
+        self._rtt = [
+            {name: RttEwma(rtt_ms) for name, rtt_ms in base_rtt.items()} for _ in self.routers
+        ]
         self._records: list[RequestRecord] = []
         self._pending_sessions: list[Session] = []
         self._arrivals: Iterator[tuple[float, Session]] = iter(())
@@ -184,9 +217,7 @@ class Simulation:
             self._pending_sessions = list(self.workload.sessions)
             for user in range(self.clients.num_users):
                 self._start_next_session(user, 0.0)
-        interval = self.options.scrape_interval_s
-        if interval is not None:
-            self.loop.at(0.0, self._scrape, interval, None, is_background=True)
+        self._start_scrapes()
         self.loop.run()
         records = tuple(sorted(self._records, key=lambda r: (r.arrival_s, r.request_id)))
         return SimResult(
@@ -218,12 +249,28 @@ class Simulation:
         self._next_session += 1
         self.loop.at(t_s, self._issue, (session, 0, user), None)
 
-    def _scrape(self, interval_s: float, _: object) -> None:
+    def _start_scrapes(self) -> None:
+        """Engine stats every ``scrape_interval_s`` for all replicas at once, or, with the
+        engine load source, every ``load_scrape_interval_s`` per replica, staggered."""
+        gateway = self.gateway
+        if gateway.load_source == "engine":
+            interval_s = gateway.load_scrape_interval_s
+            for replica, fleet in enumerate(self.fleets):
+                fleet.set_load_source(LoadSource.ENGINE)
+                start_s = interval_s * replica / len(self.fleets)
+                self.loop.at(start_s, self._scrape, interval_s, (fleet,), is_background=True)
+            return
+        interval = self.options.scrape_interval_s
+        if interval is not None:
+            self.loop.at(0.0, self._scrape, interval, self.fleets, is_background=True)
+
+    def _scrape(self, interval_s: float, fleets: tuple[FleetView, ...]) -> None:
         for name, engine in self.engines.items():
             num_waiting, num_running, kv_usage = engine.stats()
-            self.fleet.set_engine_stats(name, num_waiting, num_running, kv_usage, 0.0)
+            for fleet in fleets:
+                fleet.set_engine_stats(name, num_waiting, num_running, kv_usage, 0.0)
         self.loop.at(
-            self.loop.now_s + interval_s, self._scrape, interval_s, None, is_background=True
+            self.loop.now_s + interval_s, self._scrape, interval_s, fleets, is_background=True
         )
 
     # ---- one request ---------------------------------------------------
@@ -262,12 +309,18 @@ class Simulation:
         turn_index: int,
         user: int | None,
         now_s: float | None = None,
+        replica: int | None = None,
     ) -> None:
-        """Route one attempt (issued at ``now_s``, default its arrival) and send it on its way."""
+        """Route one attempt (issued at ``now_s``, default its arrival) and send it on its way;
+        by ``replica``, else by the one the balancer picks."""
         if now_s is None:
             now_s = request.arrival_s
+        if replica is None:
+            replica = self._picker.pick(request)
+        router = self.routers[replica]
+        fleet = self.fleets[replica]
         try:
-            decision = self.router.route(request, self.fleet, now_s)
+            decision = router.route(request, fleet, now_s)
         except CandidatesExhaustedError:
             if request.attempt == 1:
                 raise
@@ -286,7 +339,7 @@ class Simulation:
                 self._start_next_session(user, now_s + self.clients.think_time_s)
             return
         name = decision.endpoint
-        endpoint = self.fleet.endpoint(name)
+        endpoint = fleet.endpoint(name)
         is_agent = session.turns[turn_index].agent is not None
         if is_agent or decision.priority is not None or self._priority_oracle is not None:
             request = resolve(
@@ -297,16 +350,16 @@ class Simulation:
                 decision.priority,
                 self._priority_oracle,
             )
-        self.fleet.record_dispatch(request, name, now_s)
-        self.router.on_dispatch(request, name, now_s)
+        fleet.record_dispatch(request, name, now_s)
+        router.on_dispatch(request, name, now_s)
         for observer in self.observers:
             observer.on_dispatch(request, name, now_s)
         if self.network.is_down(endpoint.region, now_s):
-            failed = (request, session, turn_index, user, name)
+            failed = (request, session, turn_index, user, name, replica)
             self.loop.at(now_s + self.network.connect_timeout_s, self._connect_failed, failed, None)
             return
         rtt_s = self.network.sample_rtt_s(endpoint.region, now_s)
-        flight = _Flight(request, session, turn_index, name, rtt_s, user, now_s)
+        flight = _Flight(request, session, turn_index, name, rtt_s, user, now_s, replica)
         self.loop.at(now_s + rtt_s / 2, self._reach_engine, flight, None)
 
     def _connect_failed(self, failed: tuple[Any, ...], _: object) -> None:
@@ -318,24 +371,27 @@ class Simulation:
         routed again among the rest. Requests already streaming when a region goes
         down are not cut off (a simplification).
         """
-        request, session, turn_index, user, name = failed
+        request, session, turn_index, user, name, replica = failed
         now_s = self.loop.now_s
-        self.fleet.record_complete(request, name, is_prefill_counted=True)
-        self.router.on_complete(request, name, now_s, False)
+        fleet = self.fleets[replica]
+        fleet.record_complete(request, name, is_prefill_counted=True)
+        self.routers[replica].on_complete(request, name, now_s, False)
         self._num_failovers += 1
-        if self.fleet.state(name).is_healthy:  # else a probe is already scheduled
-            self.fleet.set_health(name, False)
+        if fleet.state(name).is_healthy:  # else a probe is already scheduled
+            fleet.set_health(name, False)
             interval = self.network.health_check_interval_s
-            self.loop.at(now_s + interval, self._health_probe, name, None, is_background=True)
-        self._dispatch(request, session, turn_index, user, now_s)
+            self.loop.at(now_s + interval, self._health_probe, name, replica, is_background=True)
+        self._dispatch(request, session, turn_index, user, now_s, replica)
 
-    def _health_probe(self, name: str, _: object) -> None:
+    def _health_probe(self, name: str, replica: int) -> None:
+        """``replica``'s probe of an endpoint it marked down (each replica probes its own)."""
         now_s = self.loop.now_s
-        if self.network.is_down(self.fleet.endpoint(name).region, now_s):
+        fleet = self.fleets[replica]
+        if self.network.is_down(fleet.endpoint(name).region, now_s):
             interval = self.network.health_check_interval_s
-            self.loop.at(now_s + interval, self._health_probe, name, None, is_background=True)
+            self.loop.at(now_s + interval, self._health_probe, name, replica, is_background=True)
             return
-        self.fleet.set_health(name, True)
+        fleet.set_health(name, True)
 
     def _reach_engine(self, flight: _Flight, _: object) -> None:
         self.engines[flight.endpoint].submit(flight.request, self.loop.now_s, flight)
@@ -351,8 +407,10 @@ class Simulation:
     def _first_token_at_client(self, seq: EngineSeq, _: object) -> None:
         flight: _Flight = seq.tag  # type: ignore[assignment]
         flight.first_token_s = self.loop.now_s
-        self.fleet.record_prefill_done(flight.request, flight.endpoint)
-        self.router.on_first_token(flight.request, flight.endpoint, self.loop.now_s)
+        self.fleets[flight.replica].record_prefill_done(flight.request, flight.endpoint)
+        self.routers[flight.replica].on_first_token(
+            flight.request, flight.endpoint, self.loop.now_s
+        )
 
     def _finish_at_client(self, seq: EngineSeq, _: object) -> None:
         flight: _Flight = seq.tag  # type: ignore[assignment]
@@ -361,11 +419,12 @@ class Simulation:
         name = flight.endpoint
         # the first-token event was scheduled earlier for the same or an earlier time
         assert flight.first_token_s is not None
-        self.fleet.record_complete(request, name, is_prefill_counted=False)
-        self.router.on_complete(request, name, now_s, True)
-        # every answer is a passive RTT probe
-        self.fleet.set_rtt(name, self._rtt[name].update(flight.rtt_s * 1000.0))
-        endpoint = self.fleet.endpoint(name)
+        fleet = self.fleets[flight.replica]
+        fleet.record_complete(request, name, is_prefill_counted=False)
+        self.routers[flight.replica].on_complete(request, name, now_s, True)
+        # every answer is a passive RTT probe (of the replica that sent it)
+        fleet.set_rtt(name, self._rtt[flight.replica][name].update(flight.rtt_s * 1000.0))
+        endpoint = fleet.endpoint(name)
         query_id: str | None = None
         is_correct: bool | None = None
         spec = self.correctness
