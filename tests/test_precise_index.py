@@ -122,9 +122,11 @@ def test_a_removed_middle_block_ends_the_match_there() -> None:
     keys = chain_block_hashes(PROMPT, BS)
     assert index.match(keys) == {"a": 2, "b": 2}
     assert index.num_blocks("a") == 4  # blocks 3 and 4 are still held, but unreachable
+    assert index._precise["a"].num_orphans == 1  # block 3: the walk, not bisection
     # the engine recomputes block 2 and caches a second copy of blocks 3 and 4
     index.apply("a", engine.serve(PROMPT))
     assert index.match(keys) == {"a": 5, "b": 2}
+    assert index._precise["a"].num_orphans == 0
     # evicting one copy of block 3 leaves the other: still a hit
     index.apply("a", engine.evict(engine.hashes(PROMPT)[3]))
     assert index.match(keys)["a"] == 5 == engine.hit_blocks(PROMPT)
@@ -340,7 +342,7 @@ _OPS = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_OPS)
 def test_match_equals_each_engines_own_hit(ops: list[tuple[str, int, int, int, int]]) -> None:
     """The reference is the engine itself: its leading run of cached blocks."""
@@ -359,6 +361,12 @@ def test_match_equals_each_engines_own_hit(ops: list[tuple[str, int, int, int, i
         else:
             events = engine.clear()
         assert index.apply(names[which], events) is None
+        holdings = index._precise[names[which]]
+        orphans = [
+            k for k, p in holdings._parent_of.items() if p is not None and p not in holdings.held
+        ]
+        assert holdings.num_orphans == len(orphans)  # 0 exactly when bisection is allowed
+        assert holdings._parent_of.keys() == holdings.held.keys()
         for tokens in (docs[doc][:length], docs[doc]):
             keys = chain_block_hashes(tokens, BS)
             truth = {n: e.hit_blocks(tokens) for n, e in zip(names, engines, strict=True)}

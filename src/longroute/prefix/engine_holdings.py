@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import indexOf
 
 from longroute.features.block_hash import HASH_MASK_63, ROOT_HASH, chain_block_hashes
 from longroute.prefix.kv_events import (
@@ -98,17 +100,22 @@ class EngineHoldings:
     dropped with all its instances and counted in ``num_hash_map_evictions``.
     So an engine that never sends ``BlockRemoved`` cannot grow us without bound.
 
-    Prefix-closure is not kept: an engine may evict a middle block of a chain.
-    Readers therefore count only the contiguous run of held keys from the first
-    block (as vLLM's lookup stops at the first miss).
+    Prefix-closure is not guaranteed: an engine may evict a middle block of a
+    chain. :meth:`matched_blocks` therefore counts only the contiguous run of
+    held keys from the first block (as vLLM's lookup stops at the first miss).
+    To keep that cheap, each held key remembers its parent key, each key the
+    number of its held children, and ``num_orphans`` counts held keys whose
+    parent is not held: while it is 0 the holdings *are* prefix-closed and the
+    run is found by bisection, O(log L); otherwise by a walk, O(run).
 
     Complexity: ``BlockStored`` O(tokens + blocks + evictions), ``BlockRemoved``
-    O(blocks), ``AllBlocksCleared`` O(blocks held); ``nodes`` (shared by all
+    O(blocks), ``AllBlocksCleared`` O(blocks held), all O(1) per block; ``nodes`` (shared by all
     endpoints: key -> number of precise endpoints holding it) is kept in step.
     """
 
-    __slots__ = ("_counters", "_extra_instances", "_key_of", "_nodes", "block_size_tokens",
-                 "capacity_blocks", "held")  # fmt: skip
+    __slots__ = ("_counters", "_extra_instances", "_key_of", "_nodes", "_num_children",
+                 "_parent_of", "block_size_tokens", "capacity_blocks", "held",
+                 "num_orphans")  # fmt: skip
 
     def __init__(
         self,
@@ -126,6 +133,11 @@ class EngineHoldings:
         self.held: dict[int, int] = {}
         self._key_of: OrderedDict[EngineBlockHash, int] = OrderedDict()
         self._extra_instances: dict[EngineBlockHash, int] = {}
+        # held key -> its parent key (None: the first block of a prompt)
+        self._parent_of: dict[int, int | None] = {}
+        # key -> number of its children that are held
+        self._num_children: dict[int, int] = {}
+        self.num_orphans = 0
         self._nodes = nodes
         self._counters = counters
 
@@ -148,6 +160,25 @@ class EngineHoldings:
             return
         counters.num_events_applied += 1
 
+    def matched_blocks(self, block_hashes: Sequence[int]) -> int:
+        """Leading blocks of a prompt held, stopping at the first miss."""
+        held = self.held
+        if not block_hashes or block_hashes[0] not in held:
+            return 0
+        if self.num_orphans:
+            try:
+                return indexOf(map(held.__contains__, block_hashes), False)
+            except ValueError:  # every block is held
+                return len(block_hashes)
+        low, high = 1, len(block_hashes)  # block low-1 is held; blocks >= high unknown
+        while low < high:
+            mid = (low + high) // 2
+            if block_hashes[mid] in held:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
     def clear(self) -> None:
         """Forget every block (the engine cleared its cache or restarted); O(blocks held)."""
         nodes = self._nodes
@@ -156,6 +187,9 @@ class EngineHoldings:
         self.held.clear()
         self._key_of.clear()
         self._extra_instances.clear()
+        self._parent_of.clear()
+        self._num_children.clear()
+        self.num_orphans = 0
 
     def _store(self, event: BlockStored) -> None:
         counters = self._counters
@@ -186,14 +220,16 @@ class EngineHoldings:
             parent_key = known
         keys = chain_block_hashes(event.token_ids, size, parent_hash=parent_key)
         key_of = self._key_of
+        parent_of_next = None if parent is None else parent_key
         for engine_hash, key in zip(engine_hashes, keys, strict=True):
             if engine_hash in key_of:
                 key_of.move_to_end(engine_hash)
                 extra = self._extra_instances
                 extra[engine_hash] = extra.get(engine_hash, 0) + 1
-                continue
-            key_of[engine_hash] = key
-            self._hold(key)
+            else:
+                key_of[engine_hash] = key
+                self._hold(key, parent_of_next)
+            parent_of_next = key
         counters.num_blocks_stored += len(engine_hashes)
         while len(key_of) > self.capacity_blocks:
             victim, victim_key = key_of.popitem(last=False)
@@ -221,24 +257,42 @@ class EngineHoldings:
             del key_of[engine_hash]
             self._unhold(key)
 
-    def _hold(self, key: int) -> None:
+    def _hold(self, key: int, parent: int | None) -> None:
         held = self.held
         count = held.get(key)
-        if count is None:
-            held[key] = 1
-            nodes = self._nodes
-            nodes[key] = nodes.get(key, 0) + 1
-        else:
+        if count is not None:
             held[key] = count + 1
+            return
+        held[key] = 1
+        nodes = self._nodes
+        nodes[key] = nodes.get(key, 0) + 1
+        self._parent_of[key] = parent
+        children = self._num_children
+        if parent is not None:
+            children[parent] = children.get(parent, 0) + 1
+            if parent not in held:
+                self.num_orphans += 1
+        self.num_orphans -= children.get(key, 0)  # its held children have a parent again
 
     def _unhold(self, key: int) -> None:
         held = self.held
         count = held[key]
-        if count == 1:
-            del held[key]
-            _release_node(self._nodes, key)
-        else:
+        if count > 1:
             held[key] = count - 1
+            return
+        del held[key]
+        _release_node(self._nodes, key)
+        parent = self._parent_of.pop(key)
+        children = self._num_children
+        if parent is not None:
+            siblings = children[parent]
+            if siblings == 1:
+                del children[parent]
+            else:
+                children[parent] = siblings - 1
+            if parent not in held:
+                self.num_orphans -= 1
+        self.num_orphans += children.get(key, 0)  # its held children lost their parent
 
 
 def _release_node(nodes: dict[int, int], key: int) -> None:

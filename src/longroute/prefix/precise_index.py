@@ -16,7 +16,6 @@ loss; routers only call ``match`` and ``num_blocks``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import indexOf
 
 from longroute.prefix.engine_holdings import (
     BlockSizeMismatchError,
@@ -48,9 +47,10 @@ class PrecisePrefixIndex:
 
     Complexity (L = prompt blocks, k = endpoints): :meth:`match` is the
     approximate tree's O(k log L) plus, per precise endpoint holding the first
-    block, one C-level walk of its contiguous matched run (a dict membership
-    test per block, matched length + 1 at most), no allocation beyond the
-    result and one iterator per such endpoint; :meth:`apply` O(tokens + blocks
+    block, O(log L) dict lookups by bisection while its holdings are
+    prefix-closed (the engine evicted no middle block), else one C-level walk
+    of its contiguous matched run (matched length + 1 lookups); no allocation
+    beyond the result (and one iterator per walk); :meth:`apply` O(tokens + blocks
     of the events); :meth:`num_blocks` O(1). Memory: per endpoint at most
     ``capacity_blocks_per_endpoint`` keys, and as many engine hashes.
     """
@@ -82,13 +82,8 @@ class PrecisePrefixIndex:
         if first not in self._precise_nodes:
             return matched
         for name, holdings in self._precise.items():
-            held = holdings.held
-            if first not in held:
-                continue
-            try:
-                matched[name] = indexOf(map(held.__contains__, block_hashes), False)
-            except ValueError:  # every block is held
-                matched[name] = len(block_hashes)
+            if first in holdings.held:
+                matched[name] = holdings.matched_blocks(block_hashes)
         return matched
 
     def num_blocks(self, endpoint: str) -> int:
@@ -237,11 +232,7 @@ class PrecisePrefixIndex:
         holdings = self._precise.get(endpoint)
         if holdings is None:
             return self._approximate.match(block_hashes).get(endpoint, 0)
-        held = holdings.held
-        try:
-            return indexOf(map(held.__contains__, block_hashes), False)
-        except ValueError:
-            return len(block_hashes)
+        return holdings.matched_blocks(block_hashes)
 
     def _block_size_for(self, endpoint: str, block_size_tokens: int | None) -> int:
         self._counters_of(endpoint)
