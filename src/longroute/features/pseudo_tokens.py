@@ -37,10 +37,15 @@ def pseudo_token_pieces(text: str) -> list[str]:
     return _PIECE_RE.findall(text)
 
 
-def pseudo_token_ids(text: str) -> list[int]:
-    """Token ids of ``text``: the CRC-32 of each piece's UTF-8 bytes."""
+def piece_token_ids(pieces: Sequence[str]) -> list[int]:
+    """Token ids of pieces: the CRC-32 of each piece's UTF-8 bytes."""
     crc = zlib.crc32
-    return [crc(piece.encode()) for piece in _PIECE_RE.findall(text)]
+    return [crc(piece.encode()) for piece in pieces]
+
+
+def pseudo_token_ids(text: str) -> list[int]:
+    """Token ids of ``text``'s pieces."""
+    return piece_token_ids(_PIECE_RE.findall(text))
 
 
 def chat_template(messages: Sequence[tuple[str, str]]) -> str:
