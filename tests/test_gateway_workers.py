@@ -143,6 +143,20 @@ def test_worker_count_is_checked_with_a_clear_error() -> None:
             check_num_workers(bad, num_cores=2)
 
 
+def test_serve_refuses_a_bad_worker_count_before_anything_starts(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from longroute.cli import app
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        yaml.safe_dump({"backends": [{"name": "a", "url": "http://x:1", "model": "m"}]})
+    )
+    result = CliRunner().invoke(app, ["serve", "--config", str(config), "--workers", "0"])
+    assert result.exit_code == 2
+    assert "--workers must be between 1 and" in result.output
+
+
 def test_restart_backoff_doubles_up_to_its_cap() -> None:
     assert [backoff_s(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
     assert backoff_s(50) == 30.0

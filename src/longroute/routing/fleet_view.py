@@ -63,6 +63,7 @@ class FleetView:
         )
         self.load_source = LoadSource.LOCAL
         self._mean_prompt_tokens = self._mean_output_tokens = 0.0  # of dispatches, engine load
+        self._num_sized = 0
 
     def _index_endpoints(self, endpoints: Sequence[Endpoint]) -> None:
         self.endpoints: tuple[Endpoint, ...] = tuple(endpoints)
@@ -194,8 +195,9 @@ class FleetView:
         live.num_inflight_prompt_tokens += request.num_prompt_tokens
         live.num_inflight_output_tokens += request.num_output_tokens
         self._dirty.add(endpoint)
-        if self.load_source is LoadSource.ENGINE:
-            w = _SIZE_EWMA_WEIGHT
+        if self.load_source is LoadSource.ENGINE:  # the plain mean until the EWMA's window
+            self._num_sized += 1
+            w = max(_SIZE_EWMA_WEIGHT, 1.0 / self._num_sized)
             self._mean_prompt_tokens += w * (request.num_prompt_tokens - self._mean_prompt_tokens)
             self._mean_output_tokens += w * (request.num_output_tokens - self._mean_output_tokens)
         if self.is_prefix_index_enabled and request.block_hashes:
