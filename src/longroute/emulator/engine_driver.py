@@ -158,9 +158,7 @@ class EngineDriver:
         return self._start_wall_s + emulated_s / self.speed
 
     # ---- requests -------------------------------------------------------
-    def submit(
-        self, request: Request, finish_reason: str, token_ids: Seq[int] = ()
-    ) -> TokenStream:
+    def submit(self, request: Request, finish_reason: str, token_ids: Seq[int] = ()) -> TokenStream:
         """Hand a request to the engine at the current emulated time.
 
         ``token_ids`` are the prompt's (the KV events' ``BlockStored`` carries them).

@@ -94,7 +94,9 @@ class KvEventCapture:
         """Hand the batch in progress, if any, to the sink."""
         if not self._pending:
             return
-        batch = KVEventBatch(self._next_sequence, self._pending_ts_s, tuple(self._pending))
+        events = tuple(self._pending)
+        # rank 0, as vLLM's publisher stamps a batch of a single-rank engine
+        batch = KVEventBatch(self._next_sequence, self._pending_ts_s, events, 0)
         self._next_sequence += 1
         self._pending = []
         self._sink(batch)

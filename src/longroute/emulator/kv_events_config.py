@@ -9,7 +9,8 @@ batches replay can serve), ``hwm`` (the PUB socket's high-water mark, in
 messages; 0 = none), ``max_queue_size`` (batches waiting for the publisher
 thread) and ``topic``. An endpoint with ``*`` or ``::``, or an ``ipc://`` or
 ``inproc://`` one, is bound; any other is connected to (a collector that binds
-one address for many engines). The replay socket is always bound. vLLM's
+one address for many engines; :func:`longroute.prefix.kv_endpoints.is_bind_endpoint`).
+The replay socket is always bound. vLLM's
 data-parallel port offsets do not apply: an emulator is one rank.
 
 Unknown keys and values of the wrong type or range are refused with a
@@ -23,8 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from longroute.prefix.kv_endpoints import check_endpoint
+
 PUBLISHERS = ("null", "zmq")
-_SCHEMES = ("tcp://", "ipc://", "inproc://")
 _MAX_JSON_BYTES = 4096
 
 
@@ -69,11 +71,6 @@ class KvEventsConfig:
         return self.enable_kv_cache_events and self.publisher == "zmq"
 
 
-def is_bind_endpoint(endpoint: str) -> bool:
-    """vLLM's rule: bind wildcard, ``::``, ipc and inproc endpoints; connect to the rest."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
-
-
 def kv_events_config_from_mapping(data: Mapping[str, Any]) -> KvEventsConfig:
     """A config from vLLM's keys; unknown keys are a ValueError naming them and the valid ones."""
     valid = KvEventsConfig.__dataclass_fields__.keys()
@@ -100,11 +97,12 @@ def parse_kv_events_config(text: str) -> KvEventsConfig:
 
 
 def _check_endpoint(name: str, value: object) -> None:
-    if not isinstance(value, str) or not value.startswith(_SCHEMES) or len(value) > 1024:
-        raise ValueError(
-            f"kv_events.{name} must be a ZeroMQ endpoint starting with "
-            f"{', '.join(_SCHEMES)}, got {value!r}"
-        )
+    if not isinstance(value, str):
+        raise ValueError(f"kv_events.{name} must be a string, got {value!r}")
+    try:
+        check_endpoint(value)
+    except ValueError as exc:
+        raise ValueError(f"kv_events.{name}: {exc}") from None
 
 
 def _check_int(name: str, value: object, low: int) -> None:

@@ -2,10 +2,11 @@
 
 Sockets, as vLLM's ``ZmqEventPublisher`` (``vllm/distributed/kv_events.py``):
 a PUB socket on ``endpoint`` (bound or connected, see
-:func:`~longroute.emulator.kv_events_config.is_bind_endpoint`) with the
+:func:`~longroute.prefix.kv_endpoints.is_bind_endpoint`) with the
 config's high-water mark, and with a ``replay_endpoint`` a bound ROUTER
 socket. Each batch goes out as three frames, ``[topic, sequence as 8-byte
-big-endian, msgpack payload]``, encoded by :mod:`longroute.prefix.kv_wire`.
+big-endian, msgpack payload]``, encoded by :mod:`longroute.prefix.kv_wire`
+(as are the replay request and its end marker).
 The last ``buffer_steps`` batches are kept; a replay request (a REQ or DEALER
 client sending ``[b"", start sequence as 8 bytes big-endian]``) is answered
 with every kept batch from that sequence on, each ``[b"", topic, sequence,
@@ -38,21 +39,21 @@ from collections.abc import Callable
 
 import zmq
 
-from longroute.emulator.kv_events_config import KvEventsConfig, is_bind_endpoint
+from longroute.emulator.kv_events_config import KvEventsConfig
+from longroute.prefix.kv_endpoints import is_bind_endpoint
 from longroute.prefix.kv_events import KVEventBatch
+from longroute.prefix.kv_wire import (
+    KVWireError,
+    decode_replay_request,
+    encode_message,
+    encode_replay_end,
+)
 
 log = logging.getLogger(__name__)
 
 Encoder = Callable[[str, KVEventBatch], list[bytes]]
-END_SEQUENCE = (-1).to_bytes(8, "big", signed=True)
 _SHUTDOWN_TIMEOUT_S = 2.0
 _MAX_REPLAY_FRAMES = 8  # a valid request has 3 (identity, b"", start); more is garbage
-
-
-def _wire_encoder() -> Encoder:
-    from longroute.prefix.kv_wire import encode_message
-
-    return encode_message
 
 
 def build_publisher(config: KvEventsConfig | None) -> KvEventPublisher | None:
@@ -67,7 +68,7 @@ class KvEventPublisher:
         if not config.is_publishing:
             raise ValueError("KvEventPublisher needs enable_kv_cache_events and publisher 'zmq'")
         self.config = config
-        self._encode = encode if encode is not None else _wire_encoder()
+        self._encode = encode if encode is not None else encode_message
         self._queue: queue.Queue[KVEventBatch] = queue.Queue(maxsize=config.max_queue_size)
         self._buffer: deque[list[bytes]] = deque(maxlen=config.buffer_steps)
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -194,12 +195,15 @@ class KvEventPublisher:
                 frames = replay.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
-            if len(frames) != 3 or frames[1] != b"" or len(frames[2]) != 8:
+            try:
+                if len(frames) != 3 or frames[1] != b"":
+                    raise KVWireError("expected [b'', start sequence]")
+                start = decode_replay_request(frames[2])
+            except KVWireError as exc:
                 shape = [len(f) for f in frames[:_MAX_REPLAY_FRAMES]]
-                log.warning("KV events: invalid replay request (frame sizes %s)", shape)
+                log.warning("KV events: invalid replay request (frame sizes %s): %s", shape, exc)
                 continue
-            client, _, start = frames
-            self._replay_from(client, int.from_bytes(start, "big"))  # unsigned, as vLLM reads it
+            self._replay_from(frames[0], start)
 
     def _replay_from(self, client: bytes, start_sequence: int) -> None:
         replay = self._replay
@@ -208,6 +212,6 @@ class KvEventPublisher:
             for frames in self._buffer:
                 if int.from_bytes(frames[1], "big") >= start_sequence:
                     replay.send_multipart([client, b"", *frames], flags=zmq.NOBLOCK)
-            replay.send_multipart([client, b"", b"", END_SEQUENCE, b""], flags=zmq.NOBLOCK)
+            replay.send_multipart([client, b"", *encode_replay_end()], flags=zmq.NOBLOCK)
         except zmq.Again:
             log.warning("KV events: replay client is not reading; its replay was cut")
