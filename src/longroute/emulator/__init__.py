@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from longroute._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from longroute.emulator.kv_events_config import KvEventsConfig
     from longroute.emulator.options import EmulatorOptions
     from longroute.emulator.runner import run_emulator, serve_emulator, start_emulator
     from longroute.emulator.server import create_app
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 # imported on first use, so `longroute --help` does not pay for this package (PEP 562)
 _LAZY = {
     "EmulatorOptions": "longroute.emulator.options",
+    "KvEventsConfig": "longroute.emulator.kv_events_config",
     "run_emulator": "longroute.emulator.runner",
     "serve_emulator": "longroute.emulator.runner",
     "start_emulator": "longroute.emulator.runner",
@@ -29,4 +31,11 @@ _LAZY = {
 __getattr__ = lazy_exports(__name__, _LAZY)
 
 
-__all__ = ["EmulatorOptions", "create_app", "run_emulator", "serve_emulator", "start_emulator"]
+__all__ = [
+    "EmulatorOptions",
+    "KvEventsConfig",
+    "create_app",
+    "run_emulator",
+    "serve_emulator",
+    "start_emulator",
+]
