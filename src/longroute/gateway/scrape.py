@@ -10,10 +10,11 @@ Recognised names (summed over label sets; KV usage takes the fullest engine):
 * llama.cpp: ``llamacpp:requests_deferred``, ``llamacpp:requests_processing``,
   ``llamacpp:kv_cache_usage_ratio``.
 
-A vLLM ``/metrics`` page is large (histograms); one compiled pattern picks the
-sample lines of the names above out of the raw bytes (no decoding, no split into
-lines, no general parser), so parsing a page costs microseconds and a scrape is
-mostly the HTTP round trip (measured in ``benchmarks/engine_load_scrape.py``).
+A vLLM ``/metrics`` page is large (histograms, ~70 KiB); one compiled pattern picks
+the sample lines of the names above out of the raw bytes (no decoding, no split into
+lines, no general parser): ~45 us a page where the split and ``prometheus_client``'s
+parser took ~440 us, so a scrape is mostly its HTTP round trip
+(``benchmarks/engine_load_scrape.py``).
 A page over ``MAX_METRICS_BYTES`` is refused, not read.
 
 Each backend is scraped on its own (a slow or unreachable engine delays no other),
@@ -53,13 +54,23 @@ KV_USAGE_NAMES = (
 HITS_NAMES = ("vllm:prefix_cache_hits_total",)
 QUERIES_NAMES = ("vllm:prefix_cache_queries_total",)
 _ALL_NAMES = WAITING_NAMES + RUNNING_NAMES + KV_USAGE_NAMES + HITS_NAMES + QUERIES_NAMES
-# a sample line: its name at the start of a line, optional {labels} (to the line's last
-# '}': a label value may hold one), blanks, the value; a timestamp after it is ignored
-_SAMPLE = re.compile(
-    rb"^(" + b"|".join(re.escape(n.encode()) for n in _ALL_NAMES) + rb")"
-    rb"(?:\{[^\n]*\})?[ \t]+([^\s]+)",
-    re.MULTILINE,
-)
+
+
+def _sample_pattern(names: tuple[str, ...]) -> re.Pattern[bytes]:
+    """A sample line of one of ``names``: a newline (the search jumps from one to the next:
+    the pattern starts with a literal), the name, optional {labels} (to the line's last
+    '}': a label value may hold one), blanks, the value; a timestamp after it is ignored.
+    The names are grouped by their ``prefix:`` so each line start costs a few compares
+    (10x faster than one flat alternation anchored with ^ on a vLLM page)."""
+    groups: dict[bytes, list[bytes]] = {}
+    for name in names:
+        prefix, _, rest = name.encode().partition(b":")
+        groups.setdefault(prefix + b":", []).append(re.escape(rest))
+    alternatives = b"|".join(re.escape(p) + b"(?:" + b"|".join(r) + b")" for p, r in groups.items())
+    return re.compile(rb"\n(" + alternatives + rb")(?:\{[^\n]*\})?[ \t]+([^\s]+)")
+
+
+_SAMPLE = _sample_pattern(_ALL_NAMES)
 MAX_METRICS_BYTES = 8 * 1024 * 1024
 """Largest metrics page read (vLLM's is tens of KiB); a longer one is refused."""
 
@@ -83,7 +94,7 @@ def parse_engine_metrics(text: str | bytes) -> EngineStats | None:
     """Engine load from a Prometheus text page; None if it has no waiting/running gauges.
     O(page bytes) in one regex pass. MetricsPageError on a value that is not a finite
     number >= 0 (a hostile or broken engine)."""
-    page = text.encode() if isinstance(text, str) else text
+    page = b"\n" + (text.encode() if isinstance(text, str) else text)
     sums: dict[str, float] = {}
     maxima: dict[str, float] = {}
     for match in _SAMPLE.finditer(page):
@@ -247,8 +258,9 @@ class EngineScraper:
 
 async def _read_bounded(response: aiohttp.ClientResponse) -> bytes | None:
     """The body, or None once it passes MAX_METRICS_BYTES (the rest is not read)."""
-    if (response.content_length or 0) > MAX_METRICS_BYTES:
-        return None
+    length = response.content_length
+    if length is not None:  # one read: the page's length is known and bounded
+        return await response.read() if length <= MAX_METRICS_BYTES else None
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_chunked(64 * 1024):
