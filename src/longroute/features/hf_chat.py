@@ -6,7 +6,7 @@ What the engine does for ``/v1/chat/completions`` (read in vLLM 0.32's
 
 - messages are normalised: for a template that takes content as a string
   (vLLM's ``string`` content format, detected from the template), text parts
-  are joined with ``"\\n"`` and ``None`` content becomes ``""``; for one that
+  are joined with ``"\\n"`` (empty ones dropped) and ``None`` content becomes ``""``; for one that
   loops over content (``openai``), content is a list of
   ``{"type": "text", "text": ...}``. ``developer`` messages become ``system``
   ones when the template never names ``developer``, and all system messages
@@ -166,7 +166,7 @@ def _text_parts(content: object, index: int) -> list[str]:
     if content is None:
         return []
     if isinstance(content, str):
-        return [content]
+        return [content] if content else []
     if not isinstance(content, list):
         raise UnsupportedMessageError(f"messages[{index}].content: {type(content).__name__}")
     texts = []
@@ -175,7 +175,8 @@ def _text_parts(content: object, index: int) -> list[str]:
         is_text = isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
         if not is_text or not isinstance(text, str):
             raise UnsupportedMessageError(f"messages[{index}].content: only text parts")
-        texts.append(text)
+        if text:  # vLLM drops empty parts before joining
+            texts.append(text)
     return texts
 
 
