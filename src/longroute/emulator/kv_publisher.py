@@ -139,7 +139,7 @@ class KvEventPublisher:
         self._poke()
         self._thread.join(timeout=_SHUTDOWN_TIMEOUT_S)
         if self._thread.is_alive():
-            log.warning("KV events: the publisher thread did not stop in %.1f s", 2.0)
+            log.warning("KV events: publisher thread still busy after %.1f s", _SHUTDOWN_TIMEOUT_S)
             return  # it still owns the sockets; the daemon thread dies with the process
         for sock in (self._pub, self._replay):
             if sock is not None:
