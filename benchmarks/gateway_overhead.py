@@ -11,12 +11,20 @@ one JSON body), and 32 closed-loop clients against
 * sglang-router 0.3.2 (``--policy cache_aware``), installed in its own venv
   under ``~/.cache/longroute/sglang-router-0.3.2`` on first use.
 
+With ``--workers N`` (N > 1) each router also runs as ``longroute serve --workers N``
+(`` xN``: N processes on one port): its CPU per request sums the parent and every
+worker, each worker's share of that CPU is printed, and the JSON line's goals add
+``workersN_vs_1`` (throughput, worst over routers and modes, >= 0.95x one worker's)
+and ``workersN_cpu_per_request`` (<= 1.0x one worker's). ``--workers-only`` leaves
+out the access-log targets and sglang-router.
+
 It prints req/s, p50/p99 latency and the p50 added over direct per target,
 streamed and not (medians of ``--repeat`` interleaved rounds), the CPU time
 each proxy process spent per request (from /proc, on Linux), and the ratios
 to sglang-router; the last line is one JSON object.
 
     python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
+        [--workers 2 [--workers-only]]
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "
 MODEL = "fast-16"
 REPLY_TOKENS = 16
 OBSERVED = " +log"  # the label suffix of a gateway with the access log and usage counters on
+WORKERS = " x"  # the label suffix of a gateway with N workers: " x2"
 
 
 # ---- the fixed fast backend (runs with --serve-backend PORT) ------------------
@@ -174,6 +183,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=5, help="interleaved rounds (median)")
     parser.add_argument("--no-sglang", action="store_true", help="skip sglang-router")
+    parser.add_argument("--workers", type=int, default=1, help="also each router with N workers")
+    parser.add_argument(
+        "--workers-only", action="store_true", help="only direct, 1 worker and N workers"
+    )
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="non-stream", help=argparse.SUPPRESS)
@@ -200,18 +213,27 @@ def _run_all(args: argparse.Namespace) -> None:
         wait_ready(f"{backend}/health", procs[-1])
         targets = {"direct": backend}
         pids: dict[str, int | None] = {"direct": None}
-        for router, is_observed in itertools.product(("round-robin", "prefix-cache"), (0, 1)):
+        variants = [(0, 1), (1, 1)] if not args.workers_only else [(0, 1)]
+        if args.workers > 1:
+            variants.append((0, args.workers))
+        for router, (is_observed, workers) in itertools.product(
+            ("round-robin", "prefix-cache"), variants
+        ):
             port = free_port()
             label = f"longroute {router}" + (OBSERVED if is_observed else "")
-            cfg = tmp / f"gw-{router}-{is_observed}.yaml"
+            label += f"{WORKERS}{workers}" if workers > 1 else ""
+            cfg = tmp / f"gw-{router}-{is_observed}-{workers}.yaml"
             access_log = tmp / f"access-{router}.jsonl" if is_observed else None
             _gateway_config(cfg, port, backend, router, access_log)
-            procs.append(start([sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
-                                 "--log-level", "warning"], tmp / f"gw-{router}.log"))  # fmt: skip
+            log = tmp / f"gw-{router}-{is_observed}-{workers}.log"
+            cmd = [sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
+                   "--log-level", "info", "--workers", str(workers)]  # fmt: skip
+            procs.append(start(cmd, log))
             wait_ready(f"http://127.0.0.1:{port}/ready", procs[-1])
+            _wait_listening(log, workers, procs[-1])
             targets[label] = f"http://127.0.0.1:{port}"
             pids[label] = procs[-1].pid
-        if not args.no_sglang:
+        if not args.no_sglang and not args.workers_only:
             port = free_port()
             procs.append(start([str(_sglang_python()), "-m", "sglang_router.launch_router",
                                  "--worker-urls", backend, "--policy", "cache_aware",
@@ -221,22 +243,92 @@ def _run_all(args: argparse.Namespace) -> None:
             targets["sglang-router"] = f"http://127.0.0.1:{port}"
             pids["sglang-router"] = procs[-1].pid
         runs: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label in targets}
+        shares: dict[str, list[list[float]]] = {label: [] for label in targets if WORKERS in label}
         for _ in range(args.repeat):  # interleaved rounds: drift hits every target alike
             for label, base in targets.items():
+                pid = pids[label]
+                before = _children_cpu_s(pid) if label in shares and pid is not None else {}
                 runs[label].append(
-                    measure(
-                        f"{base}/v1/chat/completions", args.seconds, args.concurrency, pids[label]
-                    )
+                    measure(f"{base}/v1/chat/completions", args.seconds, args.concurrency, pid)
                 )
+                if label in shares and pid is not None:
+                    after = _children_cpu_s(pid)
+                    used = [after[c] - before.get(c, 0.0) for c in sorted(after)]
+                    shares[label].append([u / max(sum(used), 1e-9) for u in used])
         for label in targets:
             results[label] = median_runs(runs[label])
             _print_target(label, results[label], results.get("direct"))
+        for label, rounds in shares.items():
+            each = [sum(r[i] for r in rounds) / len(rounds) for i in range(len(rounds[0]))]
+            for mode in results[label]:
+                results[label][mode]["worker_cpu_shares"] = each  # type: ignore[assignment]
+            print(f"{label}: each worker's share of its CPU: "
+                  + ", ".join(f"{x:.2f}" for x in each))  # fmt: skip
     finally:
         for proc in reversed(procs):
             stop(proc)
     _print_ratios(results)
     goals = _goals(results)
+    if args.workers > 1:
+        goals.update(_worker_goals(results, args.workers))
     print(json.dumps({**results, "goals": goals}, sort_keys=True))
+
+
+def _wait_listening(log: Path, workers: int, proc: subprocess.Popen[bytes]) -> None:
+    """Until each of the ``workers`` processes logged that it listens."""
+    deadline = time.monotonic() + 60.0
+    while log.read_text(errors="replace").count("listening on") < workers:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"not every worker listens; log:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+def _children_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each direct child of ``pid`` (the workers), from /proc."""
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) * tick_s
+    return out
+
+
+def _worker_goals(
+    results: dict[str, dict[str, dict[str, float]]], workers: int
+) -> dict[str, dict[str, object]]:
+    """N workers against one: throughput and CPU per request (all processes), the worst
+    over routers and modes."""
+    speed, cpu = [], []
+    for label, res in results.items():
+        if not label.endswith(f"{WORKERS}{workers}"):
+            continue
+        one = results[label.removesuffix(f"{WORKERS}{workers}")]
+        for mode, r in res.items():
+            speed.append(r["req_per_s"] / one[mode]["req_per_s"])
+            if "cpu_us_per_req" in r and "cpu_us_per_req" in one[mode]:
+                cpu.append(r["cpu_us_per_req"] / one[mode]["cpu_us_per_req"])
+    for name, ratios in ((f"workers{workers}_vs_1", speed), (f"workers{workers}_cpu", cpu)):
+        if ratios:
+            print(f"{name}: worst {min(ratios) if 'vs' in name else max(ratios):.3f}x "
+                  f"(each: {', '.join(f'{x:.3f}' for x in ratios)})")  # fmt: skip
+    worst_speed = min(speed) if speed else None
+    worst_cpu = max(cpu) if cpu else None
+    return {
+        f"workers{workers}_vs_1": {
+            "target": ">= 0.95x throughput",
+            "value": worst_speed,
+            "met": None if worst_speed is None else worst_speed >= 0.95,
+        },
+        f"workers{workers}_cpu_per_request": {
+            "target": "<= 1.0x one worker's",
+            "value": worst_cpu,
+            "met": None if worst_cpu is None else worst_cpu <= 1.0,
+        },
+    }
 
 
 def _goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, object]]:
