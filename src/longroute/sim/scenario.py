@@ -347,6 +347,7 @@ def run_scenario(
         traced = (trace, trace_format)
         return _run_engines(config, seed, routers, traced, on_router_done, prepare_router)
     names = resolve_routers(config, routers)
+    gateway = gateway_options(config, names)
     endpoints = build_endpoints(config)
     predictors = build_predictors(endpoints, endpoint_slowdowns(config))
     endpoints = fit_context_limits(endpoints, predictors)
@@ -369,7 +370,6 @@ def run_scenario(
         oracle = correctness.oracle if correctness is not None else None
         capability = build_capability(config.capability, oracle, models, seed)
     workflow_models = _workflow_models(config, names, endpoints)
-    gateway = gateway_options(config, names)
     results: dict[str, SimResult] = {}
     for name in names:
         is_given = capability is not None and takes_capability(name)
