@@ -66,7 +66,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # ---- fixed conversations, compared with vLLM -------------------------------------------------
 
-WORDS = "model engine cache prefix block router Ünïcödé 中文 emoji 🚀 tab\t end.".split(" ")
+WORDS = [
+    "model",
+    "engine",
+    "cache",
+    "prefix",
+    "block",
+    "router",
+    "Ünïcödé",
+    "中文",
+    "emoji",
+    "🚀",
+    "tab\t",
+    "end.",
+]
 
 
 def _text(rng: random.Random) -> str:
@@ -366,3 +379,41 @@ def test_unsupported_messages_are_refused_clearly(model_dir: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_cold_long_prompts_encoded_in_chunks_equal_whole(model_dir: Path) -> None:
+    from longroute.features import hf_tokenizer
+
+    tokenizer = HFPromptTokenizer.from_dir(model_dir, limits=PrefixCacheLimits(max_entries=0))
+    calls: list[int] = []
+    real = tokenizer._tokenizer.encode_batch
+
+    class Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tokenizer._tokenizer, name)
+
+        def encode_batch(self, texts: list[str], **kwargs: Any) -> Any:
+            calls.append(len(texts))
+            return real(texts, **kwargs)
+
+    segmenter = tokenizer.cache._segmenter
+    segmenter._tokenizer = Spy()  # type: ignore[attr-defined]
+    for seed in range(3):
+        chat = _long_chat(30, seed=seed)
+        chat[5]["content"] = "Ünïcödé <|eos|> 中文 " * 200  # an anchor inside user text
+        text = tokenizer.render(chat, add_generation_prompt=True)
+        assert len(text) > 4 * hf_tokenizer.MIN_CHUNK_CHARS
+        whole = tokenizer._tokenizer.encode(text, add_special_tokens=False).ids
+        prompt = tokenizer.chat_prompt(chat)
+        assert list(prompt.token_ids) == whole
+        assert prompt.block_hashes == chain_block_hashes(whole, 16)
+    assert len(calls) == 3 and min(calls) >= 4  # each cold prompt went in >= 4 chunks
+
+
+def test_chunking_needs_added_tokens_that_cannot_overlap() -> None:
+    from longroute.features.hf_tokenizer import _is_overlap_free
+
+    assert _is_overlap_free(["<|bos|>", "<|eos|>", "<|pad|>"])
+    assert not _is_overlap_free(["<|eos|>", "|>x"])  # a suffix starts another
+    assert not _is_overlap_free(["<s>", "<s>>"])  # one contains another
+    assert not _is_overlap_free(["aa"])  # overlaps itself

@@ -10,10 +10,13 @@ completions default). Writes ``{"chats": [[ids]], "texts": [[ids]]}`` to stdout.
 import json
 import sys
 
-from transformers import AutoTokenizer
-from vllm.config import ModelConfig
-from vllm.renderers.chat_utils import parse_chat_messages
-from vllm.renderers.hf import resolve_chat_template_content_format, safe_apply_chat_template
+from transformers import AutoTokenizer  # type: ignore[import-not-found]
+from vllm.config import ModelConfig  # type: ignore[import-not-found]
+from vllm.renderers.chat_utils import parse_chat_messages  # type: ignore[import-not-found]
+from vllm.renderers.hf import (  # type: ignore[import-not-found]
+    resolve_chat_template_content_format,
+    safe_apply_chat_template,
+)
 
 request = json.load(sys.stdin)
 model_dir = request["model_dir"]

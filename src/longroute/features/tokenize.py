@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from tokenizers import AddedToken, Tokenizer, processors
+from tokenizers import Tokenizer
 
 from longroute.features.block_hash import ROOT_HASH
 from longroute.features.hf_chat import (
@@ -55,6 +55,7 @@ from longroute.features.hf_chat import (
     read_json,
     special_tokens_map,
 )
+from longroute.features.hf_tokenizer import HFSegmenter, load_hf_tokenizer
 from longroute.features.pseudo_tokens import (
     PIECE_LOOKAHEAD_CHARS,
     chat_template,
@@ -162,79 +163,6 @@ class _CachedChatTokenizer:
         return self.chat_prompt(messages, add_generation_prompt=add_generation_prompt).token_ids
 
 
-class _HFSegmenter:
-    """Cuts at anchors (see the module docstring) of one ``tokenizers.Tokenizer``."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-        added = tokenizer.get_added_tokens_decoder()
-        self.lookback_chars = max((len(t.content) for t in added.values()), default=0)
-        self._anchors = {
-            token_id: t.content
-            for token_id, t in added.items()
-            if t.content and not (t.normalized or t.lstrip or t.rstrip or t.single_word)
-        }
-
-    def encode_tail(self, text: str, start_char: int) -> Tail | None:
-        encoding = self._tokenizer.encode(text[start_char:], add_special_tokens=False)
-        ids = encoding.ids
-        if start_char:
-            anchor = self._anchors.get(ids[0]) if ids else None
-            if anchor is None or encoding.token_to_chars(0) != (0, len(anchor)):
-                return None
-        last_cut = None
-        limit = len(text) - self.lookback_chars
-        anchors = self._anchors
-        for i in range(len(ids) - 1, -1, -1):
-            if ids[i] in anchors:
-                span = encoding.token_to_chars(i)
-                if span is not None and start_char + span[0] <= limit:
-                    last_cut = Cut(start_char + span[0], i)
-                    break
-        return Tail(array(TOKEN_TYPECODE, ids), last_cut)
-
-
-def _post_processor_rule(tokenizer: Tokenizer, config: Mapping[str, object]) -> None:
-    """transformers rebuilds the post-processor when add_bos/eos_token is set or none exists."""
-    is_explicit = "add_bos_token" in config or "add_eos_token" in config
-    if not is_explicit and tokenizer.post_processor is not None:
-        return
-    specials = special_tokens_map(config)
-    parts: list[tuple[str, int]] = []
-    single = "$A:0"
-    for flag, name in (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token")):
-        token = specials.get(name)
-        token_id = tokenizer.token_to_id(token) if token is not None else None
-        if config.get(flag) is True and token is not None and token_id is not None:
-            parts.append((token, token_id))
-            single = f"{token}:0 {single}" if name == "bos_token" else f"{single} {token}:0"
-    pair = single.replace("$A:0", "$A:0 $B:1") if parts else "$A:0 $B:1"
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=single, pair=pair, special_tokens=parts
-    )
-
-
-def load_hf_tokenizer(model_dir: Path, config: Mapping[str, object]) -> Tokenizer:
-    """``tokenizer.json`` set up as transformers 5 sets it up for vLLM."""
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        raise ModelDirError(f"{model_dir} has no tokenizer.json (only tokenizers-backed models)")
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises its own Exception subclass
-        raise ModelDirError(f"cannot load {path}: {exc}") from None
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    known = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-    missing = [t for t in special_tokens_map(config).values() if t not in known]
-    if missing:  # transformers adds named special tokens the file lacks
-        tokenizer.add_special_tokens(
-            [AddedToken(t, special=True, normalized=False) for t in missing]
-        )
-    _post_processor_rule(tokenizer, config)
-    return tokenizer
-
-
 class HFPromptTokenizer(_CachedChatTokenizer):
     """A Hugging Face model's tokenizer and chat template, as vLLM 0.32 applies them."""
 
@@ -247,7 +175,7 @@ class HFPromptTokenizer(_CachedChatTokenizer):
         block_size_tokens: int = 16,
         limits: PrefixCacheLimits = DEFAULT_LIMITS,
     ) -> None:
-        super().__init__(_HFSegmenter(tokenizer), block_size_tokens, limits)
+        super().__init__(HFSegmenter(tokenizer), block_size_tokens, limits)
         self._tokenizer = tokenizer
         self._renderer = renderer
         self._name = name
