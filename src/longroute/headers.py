@@ -40,3 +40,6 @@ WORKFLOW_HEADER = "x-longroute-workflow"
 ENDPOINT_HEADER = "x-longroute-endpoint"
 MODEL_HEADER = "x-longroute-model"
 PREDICTED_TTFT_HEADER = "x-longroute-predicted-ttft-ms"
+# the prompt tokens the backend was predicted (before dispatch) to serve from its prefix cache,
+# from its KV-cache events (precise_prefix); absent where the backend is not precise
+PREDICTED_CACHED_HEADER = "x-longroute-predicted-cached-tokens"

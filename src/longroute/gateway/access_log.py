@@ -86,6 +86,7 @@ class AccessLog:
         else:
             request_id = f'"{request_id}"'
         error = trace.error_kind
+        predicted = trace.predicted_cached_tokens
         granted_s, first_s, ended_s = trace.granted_s, trace.first_byte_s, trace.ended_s
         prompt, cached, completion = (
             usage.prompt_tokens,
@@ -100,6 +101,7 @@ class AccessLog:
             f'"stream":{"true" if trace.is_stream else "false"},'
             f'"prompt_tokens":{"null" if prompt is None else prompt},'
             f'"cached_tokens":{"null" if cached is None else cached},'
+            f'"predicted_cached_tokens":{"null" if predicted is None else predicted},'
             f'"completion_tokens":{"null" if completion is None else completion},'
             f'"usage":"{usage.source}",'
             f'"queue_ms":{"null" if granted_s is None else f"{(granted_s - started_s) * 1e3:.3f}"},'

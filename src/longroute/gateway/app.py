@@ -58,7 +58,13 @@ from longroute.gateway.reload import (
     prepare,
 )
 from longroute.gateway.tuning import LiveTuning
-from longroute.gateway.wiring import Wiring, build_fleet, monitors
+from longroute.gateway.wiring import (
+    Wiring,
+    build_engine_truth,
+    build_fleet,
+    build_tokenizer,
+    monitors,
+)
 from longroute.routing.base import Router
 
 log = logging.getLogger("longroute.gateway")
@@ -107,12 +113,20 @@ class Gateway:
             lambda: self.admission.num_waiting,
             is_healthy=lambda name: self.health.is_ready(name),
         )
-        self.wiring = Wiring(config, secrets, self.metrics, self.clock, self._request_numbers)
+        self.wiring = Wiring(
+            config,
+            secrets,
+            self.metrics,
+            self.clock,
+            self._request_numbers,
+            tokenizer=build_tokenizer(config),
+        )
         wiring = self.wiring
         # every gateway log record is redacted and kept on one line (see redact.py)
         self.log_filter = RedactingFilter(wiring.redactor)
         self.fleet = build_fleet(config, wiring.backends, wiring.router)
         self.metrics.watch(self.fleet, calibration=getattr(wiring.router, "calibration", None))
+        self.engine_truth = build_engine_truth(config, self.fleet)
         self.admission = Admission(
             self.fleet,
             wiring.router,
@@ -135,6 +149,7 @@ class Gateway:
             self.tracing,
             keepalive_s=config.backend_keepalive_s,
         )
+        self.proxy.engine_truth = self.engine_truth
         self.tuning: LiveTuning | None = None
         self.set_tuning(wiring)
         self.rtt, self.scraper = monitors(config, wiring.backends, self.fleet, self.clock)
@@ -301,6 +316,10 @@ class Gateway:
         )
         self._tasks["health"] = asyncio.create_task(self.health.run(self._session))
         self.sync_loops()
+        truth = self.engine_truth
+        if truth is not None:  # a socket that cannot bind fails the start, naming it
+            await truth.set_backends(self.backends)
+            self._tasks["kv_events"] = asyncio.create_task(truth.run())
         self._server = self._http_server(self.dispatch)
         try:
             addresses = await self._server.start(host, port, reuse_port=reuse_port)
@@ -415,6 +434,8 @@ class Gateway:
             await self._session.close()
             self._session = None
         await self.proxy.close()
+        if self.engine_truth is not None:
+            await self.engine_truth.close()
         if self.access_log is not None:
             self.access_log.close()
         await asyncio.to_thread(self.tracing.close)  # an export may wait on a collector

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from yarl import URL
 
+from longroute.errors import ConfigError
 from longroute.gateway.config import BackendConfig, GatewayConfig
+from longroute.gateway.kv_source import KVEventsSource
 from longroute.types import Endpoint
 
 
@@ -28,6 +30,7 @@ class Backend:
     metrics_url: URL
     request_headers: Mapping[str, str]
     probe_headers: Mapping[str, str]
+    kv_events: KVEventsSource | None = None  # where its engine publishes KV-cache events
 
 
 def build_backend(config: BackendConfig, api_key: str | None) -> Backend:
@@ -55,7 +58,24 @@ def build_backend(config: BackendConfig, api_key: str | None) -> Backend:
             **auth,
         },
         probe_headers=auth,
+        kv_events=_kv_events(config),
     )
+
+
+def _kv_events(config: BackendConfig) -> KVEventsSource | None:
+    spec = config.kv_events
+    if spec is None:
+        return None
+    try:
+        return KVEventsSource(
+            endpoint=spec.endpoint,
+            replay_endpoint=spec.replay_endpoint,
+            topic=spec.topic,
+            num_dp_ranks=spec.num_dp_ranks,
+            bind=spec.bind,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"backend {config.name!r}: kv_events: {exc}") from None
 
 
 def build_backends(config: GatewayConfig, api_keys: Mapping[str, str]) -> dict[str, Backend]:

@@ -20,9 +20,12 @@ import itertools
 import json
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import jinja2
 
 from longroute.clock import Clock
+from longroute.features.hf_chat import UnsupportedMessageError
 from longroute.features.language import detect_language
 from longroute.gateway.backends import Backend
 from longroute.gateway.config import GatewayConfig
@@ -31,10 +34,17 @@ from longroute.gateway.errors import GatewayError, bad_request
 from longroute.gateway.observe import RequestTrace
 from longroute.gateway.parse import MAX_MODEL_CHARS, ROUTE_CHAT, ParsedBody
 from longroute.gateway.priority import ttft_slo
-from longroute.gateway.prompt import text_features, token_features
+from longroute.gateway.prompt import PromptFeatures, text_features, token_features
 from longroute.gateway.workflow import prompt_text, workflow_fields
 from longroute.headers import SESSION_HEADER, TASK_HEADER, TRIED_HEADER
 from longroute.types import Request
+
+if TYPE_CHECKING:
+    from longroute.features.tokenize import PromptTokenizer
+
+# chat fields that change what the engine's template renders; a request with one is hashed
+# without the tokenizer (its blocks then match no engine's events)
+TEMPLATE_FIELDS = ("tools", "chat_template", "chat_template_kwargs", "continue_final_message")
 
 __all__ = ["ContextReuse", "Job", "ModelContext", "RequestBuilder", "authorize", "tried_models"]
 
@@ -133,6 +143,7 @@ class RequestBuilder:
         clock: Clock,
         router: Any,
         numbers: Iterator[int] | None = None,
+        tokenizer: PromptTokenizer | None = None,
     ) -> RequestBuilder:
         """The builder of the features ``router`` reads (prefix hashes, language, text)."""
         return cls(
@@ -142,6 +153,7 @@ class RequestBuilder:
             is_detecting_language=router.needs_language,
             is_reading_text=bool(getattr(router, "workflow_predictors", ())),
             numbers=numbers,
+            tokenizer=tokenizer,
         )
 
     def __init__(
@@ -153,10 +165,17 @@ class RequestBuilder:
         is_detecting_language: bool = True,
         is_reading_text: bool = False,
         numbers: Iterator[int] | None = None,
+        tokenizer: PromptTokenizer | None = None,
     ) -> None:
         """``numbers``: where the internal request ids' numbers come from (a gateway shares
-        one counter across reloads: the ids key router state); None: a counter of its own."""
-        self.block_size_tokens = config.block_size_tokens
+        one counter across reloads: the ids key router state); None: a counter of its own.
+        ``tokenizer``: the engines' own (precise_prefix): hashed prompts are then its exact
+        token ids in its block size, so they match the engines' KV-cache events."""
+        self.tokenizer = tokenizer if is_hashing else None
+        self.num_untokenized = 0  # requests the tokenizer could not reproduce (hashed without)
+        self.block_size_tokens = (
+            config.block_size_tokens if tokenizer is None else tokenizer.block_size_tokens
+        )
         self.chars_per_token = config.chars_per_token
         self.default_max_tokens = config.admission.default_max_tokens
         self.default_task = config.default_task
@@ -174,7 +193,12 @@ class RequestBuilder:
         route: str = ROUTE_CHAT,
     ) -> Request:
         language = None
-        if parsed.prompt_token_ids is not None:
+        exact = None if self.tokenizer is None else self._exact_features(parsed, route)
+        if exact is not None:
+            features = exact
+            if self.is_detecting_language and parsed.prompt_text is not None:
+                language = detect_language(parsed.prompt_text)
+        elif parsed.prompt_token_ids is not None:
             features = token_features(
                 parsed.prompt_token_ids, self.block_size_tokens, is_hashing=self.is_hashing
             )
@@ -212,6 +236,31 @@ class RequestBuilder:
             tried_models=tried,
             slo=ttft_slo(headers),
         )
+
+    def _exact_features(self, parsed: ParsedBody, route: str) -> PromptFeatures | None:
+        """The prompt's exact token count and block hashes by the engines' tokenizer; None
+        for token-id prompts (hashed as given, alike) and for requests it cannot reproduce
+        (non-text parts, tools, template overrides: counted in ``num_untokenized``)."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None
+        if parsed.prompt_token_ids is not None:
+            return None
+        try:
+            if route == ROUTE_CHAT:
+                body = parsed.body
+                if any(field in body for field in TEMPLATE_FIELDS):
+                    raise UnsupportedMessageError("template fields")
+                prompt = tokenizer.chat_prompt(
+                    body["messages"],
+                    add_generation_prompt=body.get("add_generation_prompt") is not False,
+                )
+                return PromptFeatures(len(prompt.token_ids), prompt.block_hashes)
+            assert parsed.prompt_text is not None
+            ids = tokenizer.text_token_ids(parsed.prompt_text)
+            return token_features(ids, self.block_size_tokens)
+        except (UnsupportedMessageError, jinja2.TemplateError, ValueError, TypeError, KeyError):
+            self.num_untokenized += 1
+            return None
 
 
 def tried_models(header: str | None) -> tuple[str, ...]:

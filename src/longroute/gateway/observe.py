@@ -131,6 +131,7 @@ class RequestTrace:
         "num_attempts",
         "num_events",
         "outcome",
+        "predicted_cached_tokens",
         "prev",
         "prompt_tokens_estimate",
         "request_id",
@@ -178,6 +179,7 @@ class RequestTrace:
         self.outcome = "ok"  # ok | error | client_disconnect | cut
         self.error_kind: str | None = None
         self.prompt_tokens_estimate = 0
+        self.predicted_cached_tokens: int | None = None  # engine truth, at the last dispatch
         self.prev = b""
         self.last = b""
         self.num_events = 0

@@ -63,12 +63,18 @@ from longroute.gateway.http.types import JSON_TYPE, HttpResponse
 from longroute.gateway.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
-from longroute.gateway.observe import Tracing
-from longroute.headers import ENDPOINT_HEADER, MODEL_HEADER, PREDICTED_TTFT_HEADER
+from longroute.gateway.observe import RequestTrace, Tracing
+from longroute.headers import (
+    ENDPOINT_HEADER,
+    MODEL_HEADER,
+    PREDICTED_CACHED_HEADER,
+    PREDICTED_TTFT_HEADER,
+)
 from longroute.routing.fleet_view import CandidatesExhaustedError, NoCandidateError
 from longroute.types import Request
 
 if TYPE_CHECKING:
+    from longroute.gateway.engine_truth import EngineTruth
     from longroute.gateway.tuning import LiveTuning
     from longroute.gateway.wiring import Wiring
 
@@ -136,6 +142,7 @@ class Proxy:
         self.metrics = metrics
         self.tracing = tracing
         self.tuning: LiveTuning | None = None  # set by the gateway when it tunes live
+        self.engine_truth: EngineTruth | None = None  # set by the gateway (precise_prefix)
         self._keepalive_s = keepalive_s
         self._pools: dict[str, UpstreamPool] = {}
         self._headers: dict[str, dict[str, str]] = {}
@@ -339,6 +346,11 @@ class Proxy:
         try:
             async with asyncio.timeout(max(job.seconds_left(), 0.001)):
                 body = job.body_for(backend)
+                truth = self.engine_truth
+                if truth is not None:  # before dispatch: what its cache will serve
+                    job.trace.predicted_cached_tokens = truth.predicted_cached_tokens(
+                        backend.name, request
+                    )
                 priorities = self.wiring.priorities
                 if priorities:  # backends that schedule by priority get one
                     body = priorities.body(body, request, backend.name)
@@ -413,7 +425,7 @@ class Proxy:
             job.trace.keep_body(body)
         self.health.record(backend.name, True)
         outcome.is_ok = outcome.is_answered = status < 400
-        headers = _with_prediction(self._headers[backend.name], grant)
+        headers = _with_prediction(self._headers[backend.name], grant, job.trace)
         return HttpResponse(status, body, content_type, headers)
 
     async def _relay_stream(
@@ -432,7 +444,7 @@ class Proxy:
         trace = job.trace
         trace.first_byte_s = now_s = time.monotonic()
         self.metrics.observe_ttft(backend.model, backend.name, now_s - job.started_s)
-        headers = _with_prediction(self._stream_headers[backend.name], grant)
+        headers = _with_prediction(self._stream_headers[backend.name], grant, trace)
         stream.start(200, headers, response.content_type)
         last = b""
         num_events = 0
@@ -487,9 +499,12 @@ def _backend_headers(backend: Backend) -> dict[str, str]:
     return {ENDPOINT_HEADER: backend.name, MODEL_HEADER: backend.model}
 
 
-def _with_prediction(headers: dict[str, str], grant: Grant) -> Mapping[str, str]:
+def _with_prediction(
+    headers: dict[str, str], grant: Grant, trace: RequestTrace
+) -> Mapping[str, str]:
     """A backend's fixed response headers, plus the router's predicted TTFT (integer ms)
-    when it made one for the backend it was sent to.
+    when it made one for the backend it was sent to, and the cached tokens engine truth
+    predicted for it (precise backends only).
 
     ``headers`` itself (no copy) when it did not: a router that predicts nothing, or
     admission sent the request elsewhere than the router chose (that one was full), so
@@ -497,6 +512,12 @@ def _with_prediction(headers: dict[str, str], grant: Grant) -> Mapping[str, str]
     """
     decision = grant.decision
     predicted_s = decision.predicted_ttft_s
+    cached = trace.predicted_cached_tokens
     if predicted_s is None or decision.endpoint != grant.endpoint or not math.isfinite(predicted_s):
-        return headers
-    return {**headers, PREDICTED_TTFT_HEADER: str(round(predicted_s * 1000.0))}
+        if cached is None:
+            return headers
+        return {**headers, PREDICTED_CACHED_HEADER: str(cached)}
+    extra = {PREDICTED_TTFT_HEADER: str(round(predicted_s * 1000.0))}
+    if cached is not None:
+        extra[PREDICTED_CACHED_HEADER] = str(cached)
+    return {**headers, **extra}

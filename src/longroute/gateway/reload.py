@@ -43,6 +43,7 @@ RESTART_ONLY = (
     "listen",
     "http",
     "block_size_tokens",
+    "precise_prefix",
     "prefix_index_capacity_blocks",
     "otel",
     "admission.queue_policy",
@@ -90,7 +91,7 @@ def prepare(
         same_reuse = config.context_reuse == current.config.context_reuse
         wiring = Wiring(
             config, secrets, metrics, clock, request_numbers, router=kept,
-            context=current.context if same_reuse else None,
+            context=current.context if same_reuse else None, tokenizer=current.tokenizer,
         )  # fmt: skip
     except ReloadError:
         raise
@@ -207,6 +208,10 @@ def apply_wiring(gw: Gateway, wiring: Wiring) -> None:
     gw.set_tuning(wiring)
     gw.routes = gw.route_table()
     gw.sync_loops()
+    if gw.engine_truth is not None:  # subscribe to new sources, drop those gone
+        task = asyncio.create_task(gw.engine_truth.set_backends(wiring.backends, is_strict=False))
+        gw.retiring.add(task)
+        task.add_done_callback(gw.retiring.discard)
     if retired or replaced:
         _retire(gw, retired)
 

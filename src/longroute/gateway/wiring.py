@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from longroute.clock import WallClock
 from longroute.errors import ConfigError
@@ -33,6 +34,10 @@ from longroute.routing.chimera import ChimeraRouter
 from longroute.routing.fleet_view import FleetView, LoadSource
 from longroute.routing.ttca import TtcaRouter
 from longroute.routing.workflow_load import seconds_per_token
+
+if TYPE_CHECKING:
+    from longroute.features.tokenize import PromptTokenizer
+    from longroute.gateway.engine_truth import EngineTruth
 
 
 class Wiring:
@@ -55,6 +60,7 @@ class Wiring:
         "router",
         "secrets",
         "served_models",
+        "tokenizer",
     )
 
     def __init__(
@@ -67,13 +73,15 @@ class Wiring:
         *,
         router: Router | None = None,
         context: ContextReuse | None = None,
+        tokenizer: PromptTokenizer | None = None,
     ) -> None:
         """``router``: the router to keep (a reload whose router config did not change), checked
         against the new backends; else one is built. ``context``: the context reuse to keep
         (its index of what was sent), else one is built when enabled. ``request_numbers``:
         the gateway's one counter of internal request ids (they key router state, so never
-        restart)."""
+        restart). ``tokenizer``: the engines' (precise_prefix), loaded once per process."""
         self.config = config
+        self.tokenizer = tokenizer
         self.secrets = secrets
         self.backends = build_backends(config, secrets.backend_api_keys)
         if router is None:
@@ -84,7 +92,9 @@ class Wiring:
         self.models = model_map(config, self.backends)
         self.models_body = models_body(self.models)
         self.served_models = frozenset(b.model for b in self.backends.values())
-        self.requests = RequestBuilder.for_router(config, clock, self.router, request_numbers)
+        self.requests = RequestBuilder.for_router(
+            config, clock, self.router, request_numbers, tokenizer=tokenizer
+        )
         reuse = config.context_reuse
         if context is None and reuse.enabled:
             context = ContextReuse(reuse, metrics)
@@ -162,14 +172,55 @@ def build_fleet(
     config: GatewayConfig, backends: Mapping[str, Backend], router: Router
 ) -> FleetView:
     """The fleet view over every backend, with a prefix index where ``router`` reads one
-    (the gateway and the endpoint picker build it alike)."""
+    (the gateway and the endpoint picker build it alike). With ``precise_prefix`` the index
+    is a precise one: every backend starts on guesses and turns precise with its events."""
+    index = None
+    if config.precise_prefix is not None:
+        from longroute.prefix.precise_index import PrecisePrefixIndex
+
+        index = PrecisePrefixIndex(list(backends), config.prefix_index_capacity_blocks)
     fleet = FleetView(
         [b.endpoint for b in backends.values()],
         prefix_capacity_blocks=config.prefix_index_capacity_blocks,
         is_prefix_index_enabled=router.needs_prefix_index,
+        prefix_index=index,
     )
     fleet.set_load_source(LoadSource(config.load_source))
     return fleet
+
+
+def build_engine_truth(config: GatewayConfig, fleet: FleetView) -> EngineTruth | None:
+    """The sink of the backends' KV-cache events over ``fleet``'s precise index (None
+    without ``precise_prefix``); it subscribes when the gateway starts."""
+    spec = config.precise_prefix
+    if spec is None:
+        return None
+    from longroute.gateway.engine_truth import EngineTruth
+    from longroute.prefix.precise_index import PrecisePrefixIndex
+
+    assert isinstance(fleet.prefix_index, PrecisePrefixIndex)
+    return EngineTruth(fleet.prefix_index, spec.block_size_tokens, spec.first_events_timeout_s)
+
+
+def build_tokenizer(config: GatewayConfig) -> PromptTokenizer | None:
+    """The engines' tokenizer of ``precise_prefix`` (None without it); ConfigError naming
+    the path when the model directory cannot be loaded. Reads files: call at start-up."""
+    spec = config.precise_prefix
+    if spec is None:
+        return None
+    from longroute.features.hf_chat import ModelDirError
+    from longroute.features.token_cache import PrefixCacheLimits
+    from longroute.features.tokenize import EmulatorPromptTokenizer, HFPromptTokenizer
+
+    limits = PrefixCacheLimits(max_entries=spec.max_cached_prompts)
+    if spec.tokenizer == "emulator":
+        return EmulatorPromptTokenizer(block_size_tokens=spec.block_size_tokens, limits=limits)
+    try:
+        return HFPromptTokenizer.from_dir(
+            spec.tokenizer, block_size_tokens=spec.block_size_tokens, limits=limits
+        )
+    except (ModelDirError, OSError) as exc:
+        raise ConfigError(f"precise_prefix.tokenizer: {exc}") from None
 
 
 def build_redactor(secrets: GatewaySecrets, backends: Mapping[str, Backend]) -> Redactor:

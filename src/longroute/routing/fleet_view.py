@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
+from longroute.prefix.precise_index import PrecisePrefixIndex
 from longroute.prefix.router_index import RouterPrefixIndex
 from longroute.types import Endpoint, EndpointState, Request
 
@@ -47,7 +48,10 @@ class FleetView:
         rtt_ms: dict[str, float] | None = None,
         prefix_capacity_blocks: int = 1_000_000,
         is_prefix_index_enabled: bool = True,
+        prefix_index: RouterPrefixIndex | PrecisePrefixIndex | None = None,
     ) -> None:
+        """``prefix_index``: the owner's own (a precise one, fed by engine events) over
+        exactly these endpoints; None: a router-side index of what was sent where."""
         if not endpoints:
             raise ValueError("a fleet needs at least one endpoint")
         names = [e.name for e in endpoints]
@@ -58,8 +62,15 @@ class FleetView:
         self._dirty: set[str] = set(self._live)
         self._index_endpoints(endpoints)
         self.is_prefix_index_enabled = is_prefix_index_enabled
-        self.prefix_index = RouterPrefixIndex(
-            [e.name for e in endpoints], capacity_blocks_per_endpoint=prefix_capacity_blocks
+        if prefix_index is not None and set(prefix_index.endpoint_names) != set(names):
+            raise ValueError(
+                f"prefix_index covers {sorted(prefix_index.endpoint_names)}, the fleet "
+                f"{sorted(names)}"
+            )
+        self.prefix_index: RouterPrefixIndex | PrecisePrefixIndex = (
+            prefix_index
+            if prefix_index is not None
+            else RouterPrefixIndex(names, capacity_blocks_per_endpoint=prefix_capacity_blocks)
         )
         self.load_source = LoadSource.LOCAL
         self._mean_prompt_tokens = self._mean_output_tokens = 0.0  # of dispatches, engine load
