@@ -190,6 +190,8 @@ async def _predicted_cached_tokens() -> None:
         index = running.gateway.fleet.prefix_index
         assert isinstance(index, PrecisePrefixIndex)
         removed = sum(index.counters(n).num_blocks_removed for n in index.endpoint_names)
+        async with http.get(running.url + "/metrics") as response:
+            metrics = await response.text()
     assert tally.num_requests == 60
     assert tally.num_hits >= 20, tally  # the workload reuses prefixes
     assert removed >= 20  # and the engines evicted
@@ -198,6 +200,8 @@ async def _predicted_cached_tokens() -> None:
     print(f"precise exact {exact:.3f}, approximate exact {approx:.3f}, removed {removed}")
     assert exact >= 0.95, (exact, tally.misses)
     assert approx < exact  # evictions the approximate index cannot see
+    assert 'longroute_prefix_state_precise{endpoint="e0"} 1.0' in metrics
+    assert 'longroute_kv_event_errors_total{endpoint="e1",reason="gap"} 0.0' in metrics
 
 
 def test_a_backend_without_events_keeps_the_approximate_index() -> None:

@@ -127,6 +127,10 @@ class Gateway:
         self.fleet = build_fleet(config, wiring.backends, wiring.router)
         self.metrics.watch(self.fleet, calibration=getattr(wiring.router, "calibration", None))
         self.engine_truth = build_engine_truth(config, self.fleet)
+        if self.engine_truth is not None:
+            from longroute.gateway.kv_metrics import KVEventsCollector
+
+            self.metrics.registry.register(KVEventsCollector(self.engine_truth))
         self.admission = Admission(
             self.fleet,
             wiring.router,
