@@ -84,8 +84,11 @@ def _parse_costs(page: str, rounds: int = 300) -> dict[str, float]:
         for family in text_string_to_metric_families(kept + "\n"):
             list(family.samples)
 
+    def regex() -> None:
+        parse_engine_metrics(raw)
+
     out = {}
-    for label, fn in (("regex", lambda: parse_engine_metrics(raw)), ("before", before)):
+    for label, fn in (("regex", regex), ("before", before)):
         t0 = time.process_time()
         for _ in range(rounds):
             fn()
@@ -97,9 +100,10 @@ async def _scrape(urls: list[str], interval_s: float, seconds: float) -> dict[st
     import aiohttp
 
     from longroute.clock import WallClock
+    from longroute.gateway.backends import build_backends
     from longroute.gateway.config import GatewayConfig
     from longroute.gateway.scrape import EngineScraper
-    from longroute.gateway.wiring import build_backends, build_fleet, build_router
+    from longroute.gateway.wiring import build_fleet, build_router
 
     backends_cfg = [{"name": f"e{i}", "url": u, "model": "m"} for i, u in enumerate(urls)]
     config = GatewayConfig.model_validate({"backends": backends_cfg, "load_source": "engine"})

@@ -106,7 +106,16 @@ def serve_command(
     bind_port = port if port is not None else gateway_config.listen.port
     if is_parent:
         raise typer.Exit(
-            _supervise(config, bind_host, bind_port, log_level, workers, metrics_port_base, fail)
+            _supervise(
+                config,
+                bind_host,
+                bind_port,
+                log_level,
+                workers,
+                metrics_port_base,
+                fail,
+                gateway_config.load_source,
+            )
         )
     for handler in logging.getLogger().handlers:  # every library's records too (aiohttp, ...)
         handler.addFilter(gateway.log_filter)
@@ -133,6 +142,7 @@ def _supervise(
     num_workers: int,
     metrics_port_base: int | None,
     fail: Callable[..., typer.Exit],
+    load_source: str,
 ) -> int:
     """The parent of ``num_workers`` workers (:mod:`longroute.gateway.workers`); its exit
     status."""
@@ -153,9 +163,13 @@ def _supervise(
                 argv += ["--metrics-port-base", str(metrics_port_base)]
             return argv
 
-        logging.getLogger("longroute.gateway.workers").info(
-            "starting %d workers on %s:%d (SO_REUSEPORT)", num_workers, host, port
-        )
+        workers_log = logging.getLogger("longroute.gateway.workers")
+        workers_log.info("starting %d workers on %s:%d (SO_REUSEPORT)", num_workers, host, port)
+        if load_source == "local":
+            workers_log.warning(
+                "load_source is local: each worker routes on its own requests in flight "
+                "only; load_source: engine gives every worker the engines' global load"
+            )
         return Supervisor(argv_for, num_workers).run()
 
 
