@@ -233,7 +233,7 @@ def test_a_killed_worker_is_restarted_while_the_other_serves(workers: Workers) -
 
 def test_sigterm_drains_both_workers_and_the_parent_exits_0(workers: Workers) -> None:
     async def streams_across_a_sigterm() -> list[tuple[int, str, bytes]]:
-        pending = asyncio.ensure_future(_ask(workers.url, 8, max_tokens=200, stream=True))
+        pending = asyncio.ensure_future(_ask(workers.url, 16, max_tokens=600, stream=True))
         await asyncio.sleep(0.5)  # the streams are running in both workers
         os.kill(workers.parent.pid, signal.SIGTERM)
         return await pending
@@ -246,3 +246,5 @@ def test_sigterm_drains_both_workers_and_the_parent_exits_0(workers: Workers) ->
     log = workers.log()
     assert "SIGTERM: draining 2 workers" in log and "all 2 workers drained; exiting" in log
     assert len(re.findall(r"\[worker \d\]: drained in", log)) == 2
+    in_flight = re.findall(r"\[worker \d\]: draining: (\d+) request", log)
+    assert len(in_flight) == 2 and all(int(n) > 0 for n in in_flight), in_flight
