@@ -37,9 +37,11 @@ from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
 from longroute.gateway.wiring import (
+    build_engine_truth,
     build_fleet,
     build_redactor,
     build_router,
+    build_tokenizer,
     model_map,
     models_body,
     monitors,
@@ -145,7 +147,15 @@ class EndpointPicker:
         self.served_models = frozenset(b.model for b in self.backends.values())
         self.models = model_map(config, self.backends)
         self.models_body = models_body(self.models)
-        self.requests = RequestBuilder.for_router(config, self.clock, self.router)
+        # engine truth (precise_prefix): the same tokenizer, index and KV-event sink as serve
+        self.requests = RequestBuilder.for_router(
+            config, self.clock, self.router, tokenizer=build_tokenizer(config)
+        )
+        self.engine_truth = build_engine_truth(config, self.fleet)
+        if self.engine_truth is not None:
+            from longroute.gateway.kv_metrics import KVEventsCollector
+
+            self.metrics.registry.register(KVEventsCollector(self.engine_truth))
 
     def _health_changed(self, name: str, is_healthy: bool) -> None:
         self.fleet.set_health(name, is_healthy)
@@ -189,6 +199,8 @@ class EndpointPicker:
             retry_after_s = self.config.admission.retry_after_s
             message = "every backend that could serve this request is at its max_concurrency"
             raise overloaded_error(429, "shed", message, retry_after_s)
+        if self.engine_truth is not None:  # counts the dispatch (the silence check)
+            self.engine_truth.predicted_cached_tokens(grant.endpoint, grant.request)
         destination = self._destination(grant)
         pick = Pick(grant, destination, route, parsed.model, started_s)
         return pick, raw

@@ -117,6 +117,10 @@ class EppServer:
         loops += [m.run(self._session) for m in (picker.rtt, picker.scraper) if m is not None]
         self._tasks = [asyncio.create_task(loop) for loop in loops]
         try:
+            truth = picker.engine_truth
+            if truth is not None:  # a socket that cannot bind fails the start, naming it
+                await truth.set_backends(picker.backends)
+                self._tasks.append(asyncio.create_task(truth.run()))
             options = [
                 ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
@@ -149,6 +153,8 @@ class EppServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self.picker.engine_truth is not None:
+            await self.picker.engine_truth.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
