@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 from pydantic import ValidationError
 
@@ -319,3 +321,32 @@ def test_an_oversized_page_is_refused_and_the_view_stays_local(
 def test_config_bounds(extra: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         _config(["http://127.0.0.1:1", "http://127.0.0.1:2"], **extra)
+
+
+def test_a_reload_switches_the_load_source_and_the_scrape_timing(
+    tmp_path: Path, engines: tuple[FakeEngine, FakeEngine]
+) -> None:
+    from longroute.gateway import serve_gateway
+    from longroute.gateway.config import resolve_secrets
+
+    backends = [{"name": n, "url": e.url, "model": "m"} for n, e in zip("ab", engines, strict=True)]
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"backends": backends}))
+    config = GatewayConfig.model_validate({"backends": backends})
+    engines[0].running = 3
+
+    async def scenario() -> None:
+        async with serve_gateway(
+            config, resolve_secrets(config), port=0, config_path=path
+        ) as running:
+            gateway = running.gateway
+            assert gateway.fleet.load_source is LoadSource.LOCAL
+            assert gateway.scraper is not None and gateway.scraper.interval_s == 2.0
+            path.write_text(yaml.safe_dump({"backends": backends, "load_source": "engine"}))
+            assert (await gateway.reload()).is_ok
+            assert LoadSource(gateway.fleet.load_source) is LoadSource.ENGINE  # re-read
+            assert gateway.scraper.interval_s == 0.1
+            await asyncio.sleep(0.5)  # the running loop picks the new interval up
+            assert gateway.fleet.state("a").num_inflight_requests == 3
+
+    asyncio.run(scenario())

@@ -27,6 +27,7 @@ at most one scrape of it in flight. With the engine load source
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 from collections.abc import Mapping
@@ -155,6 +156,7 @@ class EngineScraper:
         self._reachability = ReachabilityLog("metrics scrape")
         self._last_ok_s: dict[str, float] = {}
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()  # a reload: the next round starts now
 
     @property
     def interval_s(self) -> float:
@@ -166,8 +168,8 @@ class EngineScraper:
         interval_s: float,
         stale_after_s: float | None = None,
     ) -> None:
-        """A reload: the backends scraped from the next round on (those that left are
-        forgotten, and so are the stats of one whose URL changed)."""
+        """A reload: the backends scraped from the next round on, which starts now (those
+        that left are forgotten, and so are the stats of one whose URL changed)."""
         for name, old in self.backends.items():
             new = backends.get(name)
             if new is None or new.metrics_url != old.metrics_url:
@@ -177,6 +179,7 @@ class EngineScraper:
         self.backends = backends
         self._interval_s = interval_s
         self._stale_after_s = stale_after_s
+        self._wake.set()
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Scrape forever, each backend on its own; cancelled at shutdown."""
@@ -190,7 +193,9 @@ class EngineScraper:
                 for name in [n for n in inflight if n not in self.backends]:
                     inflight.pop(name).cancel()
                 self.expire_stale()
-                await asyncio.sleep(self._interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._interval_s)
+                self._wake.clear()
         finally:
             tasks = list(inflight.values())
             inflight.clear()
