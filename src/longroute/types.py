@@ -156,8 +156,10 @@ class EndpointState:
     """What a router may know about one endpoint at a decision point.
 
     ``num_inflight_*`` are the router's own counters (dispatched, not yet
-    finished); the ``engine_*`` fields come from scraping the engine and may
-    be stale by ``engine_stats_age_s``; ``None`` means never scraped.
+    finished), or, with the gateway's engine load source, the engine's global
+    load as its owner estimates it (see ``routing/fleet_view.py``); the
+    ``engine_*`` fields come from scraping the engine and may be stale by
+    ``engine_stats_age_s``; ``None`` means never scraped.
     """
 
     endpoint: Endpoint
