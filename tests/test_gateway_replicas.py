@@ -2,7 +2,11 @@
 
 Three emulators publish their prefix caches' KV events (vLLM's format, block size 16,
 the ``emulator`` tokenizer on both sides). The gateways are separate ``longroute serve``
-processes with one config (router ``gorgo``, ``load_source: engine``). A client runs
+processes with one config (router ``prefix-cache``, whose load term reads the fleet
+view's in-flight count, so ``load_source: engine`` gives every replica the engines'
+global load; gorgo's queue term is its own dispatch count, so with it two replicas
+each see half the load and crowd one engine: 1.28x the busiest in-flight of one
+gateway when tried here). A client runs
 concurrent multi-turn sessions and sends each session's turns to the replicas in turn
 (turn k of session s goes to replica (s + k) mod N), so consecutive turns of a
 conversation always cross replicas. What is measured comes from the engines' own
@@ -39,10 +43,11 @@ from longroute.launcher import Child, Launcher, ProcessSpec, emulator_spec, gate
 
 MODEL = "llama-3-8b"
 BLOCK = 16
-ROUTER = "gorgo"
-SPEED = 4.0
+ROUTER = "prefix-cache"
+SPEED = 1.0
 NUM_SESSIONS = 9
 NUM_TURNS = 6
+MAX_TOKENS = 32
 SAMPLE_INTERVAL_S = 0.02
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa")
 RESULTS: dict[str, Measured] = {}
@@ -69,8 +74,12 @@ class Measured:
     """A scenario's figures: the engines' hit ratio and busiest in-flight, the client's turns."""
 
     hit_ratio: float
-    busiest_inflight: float  # the busiest engine's mean running + waiting over the samples
+    inflight: list[float]  # each engine's mean running + waiting over the samples
     turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def busiest_inflight(self) -> float:
+        return max(self.inflight)
 
     @property
     def num_exact(self) -> int:
@@ -78,9 +87,11 @@ class Measured:
 
     def line(self, label: str) -> str:
         ok = [t for t in self.turns if t.error is None]
+        per_engine = ", ".join(f"{x:.2f}" for x in self.inflight)
         return (
             f"{label:<34} hit ratio {self.hit_ratio:.3f}  busiest in-flight "
-            f"{self.busiest_inflight:.2f}  predictions exact {self.num_exact}/{len(ok)}"
+            f"{self.busiest_inflight:.2f} (per engine {per_engine})"
+            f"  predictions exact {self.num_exact}/{len(ok)}"
         )
 
 
@@ -219,7 +230,7 @@ class Client:
     async def send(self, session: int, index: int, history: list[dict[str, str]]) -> Turn:
         replica = self.pick(session, index)
         turn = Turn(replica, session, index, is_after_kill=self.is_killed)
-        body = {"model": MODEL, "messages": history, "max_tokens": 8}
+        body = {"model": MODEL, "messages": history, "max_tokens": MAX_TOKENS}
         self.num_inflight[replica] += 1
         try:
             async with self.pools[replica].post(
@@ -236,7 +247,7 @@ class Client:
             turn.prompt_tokens = usage["prompt_tokens"]
             turn.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"]
             turn.answer = data["choices"][0]["message"]["content"]
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             turn.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.num_inflight[replica] -= 1
@@ -312,7 +323,7 @@ async def run_scenario(
                 await pool.close()
         hits1, queries1 = await _engine_counters(http, fleet)
     means = [sum(column) / len(samples) for column in zip(*samples, strict=True)]
-    return Measured((hits1 - hits0) / (queries1 - queries0), max(means), client.turns)
+    return Measured((hits1 - hits0) / (queries1 - queries0), means, client.turns)
 
 
 def start_replicas(fleet: Fleet, num: int, *, precise: bool, tag: str) -> list[Child]:
@@ -365,3 +376,75 @@ def test_two_replicas_without_events_lose_hits(fleet: Fleet, one_gateway: Measur
     reference = one_gateway if precise is None else precise
     print(f"approximate / precise hit ratio: {approx.hit_ratio / reference.hit_ratio:.3f}")
     assert approx.hit_ratio < 0.95 * reference.hit_ratio, (approx.hit_ratio, reference.hit_ratio)
+
+
+def test_killing_one_replica_fails_only_its_inflight_requests(
+    fleet: Fleet, one_gateway: Measured
+) -> None:
+    gateways = start_replicas(fleet, 2, precise=True, tag="kill")
+    urls = [g.base_url for g in gateways]
+    num_requests = NUM_SESSIONS * NUM_TURNS
+    kill = Kill(fleet.launcher, gateways[1], 1, after_turns=num_requests * 2 // 5)
+    try:
+        measured: Measured = run(run_scenario(fleet, urls, urls, precise=True, kill=kill))
+    finally:
+        fleet.launcher.stop(gateways)
+    print("\n" + measured.line("2 replicas, one SIGKILLed"))
+    errors = [t for t in measured.turns if t.error is not None]
+    after = [t for t in measured.turns if t.is_after_kill]
+    print(
+        f"killed with {kill.num_inflight_at_kill} request(s) in flight on it: "
+        f"{len(errors)} client error(s), {len(after)} requests after the kill, all on the survivor"
+    )
+    assert kill.num_inflight_at_kill >= 1
+    # only requests already in flight on the killed replica failed
+    assert all(t.replica == 1 and not t.is_after_kill for t in errors), errors
+    assert len(errors) <= kill.num_inflight_at_kill
+    # afterwards every request went to the survivor and succeeded
+    assert len(after) >= num_requests // 2
+    assert all(t.replica == 0 and t.error is None for t in after)
+    # the survivor's state is intact: it still predicts the engines' caches exactly, and
+    # the same turns hit as much as with one gateway throughout
+    num_exact = sum(t.predicted == t.cached_tokens for t in after)
+    assert num_exact >= 0.95 * len(after), [(t.predicted, t.cached_tokens) for t in after]
+    baseline = {(t.session, t.index): t for t in one_gateway.turns}
+    survivor_hits = sum(t.cached_tokens for t in after) / sum(t.prompt_tokens for t in after)
+    same_turns = [baseline[t.session, t.index] for t in after]
+    one_hits = sum(t.cached_tokens for t in same_turns) / sum(t.prompt_tokens for t in same_turns)
+    print(
+        f"after the kill: hit ratio {survivor_hits:.3f} (one gateway, same turns: {one_hits:.3f})"
+    )
+    assert survivor_hits >= 0.95 * one_hits
+
+
+def _worker_ops_urls(parent: Child) -> dict[int, str]:
+    log = parent.log_path.read_text(encoding="utf-8", errors="replace")
+    return {
+        int(i): url for i, url in re.findall(r"\[worker (\d+)\]: ops port on (http://\S+)", log)
+    }
+
+
+def test_workers_2_with_events_keep_one_workers_hits(fleet: Fleet, one_gateway: Measured) -> None:
+    path = fleet.launcher.write_yaml("workers.yaml", gateway_config(fleet, precise=True))
+    args = ("serve", "--config", str(path), "--host", "127.0.0.1", "--port", "0")
+    spec = ProcessSpec("workers", (*args, "--workers", "2", "--metrics-port-base", "0"), "/ready")
+    (parent,) = fleet.launcher.start(spec)
+    try:
+        deadline_s = time.monotonic() + 30.0
+        while len(_worker_ops_urls(parent)) < 2:
+            assert time.monotonic() < deadline_s, "both workers' ops ports"
+            time.sleep(0.1)
+        ops = list(_worker_ops_urls(parent).values())
+        # a new connection per request, so the kernel spreads requests over both workers
+        measured: Measured = run(
+            run_scenario(fleet, [parent.base_url], ops, precise=True, new_connection_each=True)
+        )
+    finally:
+        fleet.launcher.stop([parent])
+    print("\n" + measured.line("serve --workers 2, events"))
+    workers = [t.worker for t in measured.turns]
+    print(f"requests per worker: {sorted((w, workers.count(w)) for w in set(workers))}")
+    assert len(set(workers)) == 2  # both workers served
+    assert all(t.error is None for t in measured.turns)
+    assert measured.hit_ratio >= 0.95 * one_gateway.hit_ratio
+    assert measured.num_exact >= 0.95 * len(measured.turns)
