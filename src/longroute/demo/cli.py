@@ -62,6 +62,14 @@ def demo_command(
     num_requests: Annotated[int, typer.Option(help="Requests sent to each target.")] = 80,
     concurrency: Annotated[int, typer.Option(help="Closed-loop users per target.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
+    replicas: Annotated[
+        int,
+        typer.Option(
+            help="Gateway replicas in front of the router's fleet (on N ports); above 1 the "
+            "emulators publish KV events and every replica routes on them (precise prefix, "
+            "engine load). The bench goes through the first replica."
+        ),
+    ] = 1,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object on stdout, nothing else.")
     ] = False,
@@ -75,7 +83,9 @@ def demo_command(
     from longroute.launcher import LaunchError
 
     try:
-        options = DemoOptions(router, baseline, speed, num_requests, concurrency, seed)
+        options = DemoOptions(
+            router, baseline, speed, num_requests, concurrency, seed, replicas=replicas
+        )
     except ValueError as exc:
         raise _fail(str(exc), 2) from None
     err = Console(stderr=True, soft_wrap=True)

@@ -7,13 +7,18 @@ fleets start together: all their emulators at once, then all their gateways.
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from longroute.gateway.config import parse_gateway_config
-from longroute.launcher import Child, Launcher, emulator_spec, gateway_spec
+from longroute.launcher import Child, Launcher, ProcessSpec, emulator_spec, gateway_spec
 
 DEFAULT_PROFILE = "llama-3-8b"
+#: KV block size of emulators that publish KV events, and of the gateways' precise index.
+KV_EVENTS_BLOCK_TOKENS = 16
+MAX_GATEWAYS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,9 @@ class FleetPlan:
     ``gateway_overrides`` are merged into the generated gateway config, one
     level deep (``{"admission": {"max_queue": 1}}`` keeps the other admission
     keys). ``emulator_args`` are extra ``longroute emulate`` options for every replica.
+    ``num_gateways`` gateway replicas share one config; with ``kv_events`` every
+    emulator publishes its KV-cache events and the gateways route on them
+    (``precise_prefix`` with the emulator's tokenizer, ``load_source: engine``).
     """
 
     prefix: str
@@ -51,10 +59,21 @@ class FleetPlan:
     max_concurrency: int = 64
     gateway_overrides: Mapping[str, object] = field(default_factory=dict)
     emulator_args: tuple[str, ...] = ()
+    num_gateways: int = 1
+    kv_events: bool = False
 
     def __post_init__(self) -> None:
         if not self.replicas:
             raise ValueError(f"fleet {self.prefix!r} has no replica")
+        if not 1 <= self.num_gateways <= MAX_GATEWAYS:
+            raise ValueError(
+                f"fleet {self.prefix!r}: num_gateways must be 1 to {MAX_GATEWAYS}, "
+                f"got {self.num_gateways}"
+            )
+        if self.router is None and (self.num_gateways != 1 or self.kv_events):
+            raise ValueError(
+                f"fleet {self.prefix!r} has no gateway, so no gateway replicas or KV events"
+            )
         if self.router is None and len(self.replicas) != 1:
             raise ValueError(
                 f"fleet {self.prefix!r} has no gateway, so it must have exactly one replica, "
@@ -64,21 +83,26 @@ class FleetPlan:
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
-    """A started fleet: its emulators (in plan order) and its gateway, if any."""
+    """A started fleet: its emulators (in plan order) and its gateway replicas, if any."""
 
     plan: FleetPlan
     emulators: tuple[Child, ...]
-    gateway: Child | None
+    gateways: tuple[Child, ...]
+
+    @property
+    def gateway(self) -> Child | None:
+        """The first gateway replica; None without a gateway."""
+        return self.gateways[0] if self.gateways else None
 
     @property
     def url(self) -> str:
-        """Where clients send requests: the gateway, else the only replica."""
+        """Where clients send requests: the first gateway, else the only replica."""
         front = self.gateway if self.gateway is not None else self.emulators[0]
         return front.base_url
 
     @property
     def children(self) -> tuple[Child, ...]:
-        return (*self.emulators, *(() if self.gateway is None else (self.gateway,)))
+        return (*self.emulators, *self.gateways)
 
     def emulator(self, replica_name: str) -> Child:
         """The emulator process of the replica named ``replica_name``."""
@@ -89,11 +113,56 @@ class Fleet:
         raise KeyError(f"no replica {replica_name!r} in fleet {self.plan.prefix!r}; have {names}")
 
 
-def gateway_config(plan: FleetPlan, urls: Sequence[str]) -> dict[str, object]:
-    """The gateway YAML (as data) for ``plan``'s replicas listening at ``urls``."""
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True, slots=True)
+class KvPorts:
+    """Where one emulator publishes its KV events (PUB) and answers replays (ROUTER)."""
+
+    events_port: int
+    replay_port: int
+
+    @classmethod
+    def pick(cls) -> KvPorts:
+        """Two ports free now (another process could take them before the emulator binds)."""
+        return cls(_free_port(), _free_port())
+
+    def emulator_args(self) -> tuple[str, ...]:
+        """``longroute emulate`` options that publish on these ports (binding, as vLLM's ``*``)."""
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{self.events_port}",
+            "replay_endpoint": f"tcp://*:{self.replay_port}",
+            "topic": "kv",
+        }
+        block = str(KV_EVENTS_BLOCK_TOKENS)
+        return ("--prefix-block-tokens", block, "--kv-events-config", json.dumps(config))
+
+    def gateway_kv_events(self) -> dict[str, object]:
+        """A backend's ``kv_events`` key: connect to this emulator's sockets."""
+        return {
+            "endpoint": f"tcp://127.0.0.1:{self.events_port}",
+            "replay_endpoint": f"tcp://127.0.0.1:{self.replay_port}",
+            "topic": "kv",
+        }
+
+
+def gateway_config(
+    plan: FleetPlan, urls: Sequence[str], kv_ports: Sequence[KvPorts] = ()
+) -> dict[str, object]:
+    """The gateway YAML (as data) for ``plan``'s replicas listening at ``urls``;
+    with ``plan.kv_events``, ``kv_ports`` are each replica's event sockets."""
     if plan.router is None:
         raise ValueError(f"fleet {plan.prefix!r} has no router, so no gateway config")
-    backends = [
+    if plan.kv_events and len(kv_ports) != len(urls):
+        raise ValueError(f"fleet {plan.prefix!r} publishes KV events: give each replica's ports")
+    backends: list[dict[str, object]] = [
         {
             "name": replica.name,
             "url": url,
@@ -110,6 +179,12 @@ def gateway_config(plan: FleetPlan, urls: Sequence[str]) -> dict[str, object]:
         "router": {"name": plan.router},
         "model_aliases": {"auto": "auto"},
     }
+    if plan.kv_events:
+        for backend, ports in zip(backends, kv_ports, strict=True):
+            backend["kv_events"] = ports.gateway_kv_events()
+        block = KV_EVENTS_BLOCK_TOKENS
+        config["precise_prefix"] = {"tokenizer": "emulator", "block_size_tokens": block}
+        config["load_source"] = "engine"  # every replica sees the engines' global load
     for key, value in plan.gateway_overrides.items():
         current = config.get(key)
         if isinstance(current, dict) and isinstance(value, Mapping):
@@ -128,6 +203,9 @@ def start_fleets(launcher: Launcher, plans: Sequence[FleetPlan]) -> tuple[Fleet,
     prefixes = [p.prefix for p in plans]
     if len(set(prefixes)) != len(prefixes):
         raise ValueError(f"fleet prefixes must be unique, got {', '.join(prefixes)}")
+    kv_ports = [
+        tuple(KvPorts.pick() for _ in plan.replicas) if plan.kv_events else () for plan in plans
+    ]
     specs = [
         emulator_spec(
             f"{plan.prefix}-{replica.name}",
@@ -135,25 +213,33 @@ def start_fleets(launcher: Launcher, plans: Sequence[FleetPlan]) -> tuple[Fleet,
             hardware=replica.hardware,
             speed=plan.speed,
             network_delay_ms=replica.network_delay_ms,
-            extra_args=plan.emulator_args,
+            extra_args=(*plan.emulator_args, *(ports[i].emulator_args() if ports else ())),
         )
-        for plan in plans
-        for replica in plan.replicas
+        for plan, ports in zip(plans, kv_ports, strict=True)
+        for i, replica in enumerate(plan.replicas)
     ]
     started = iter(launcher.start(*specs))
     emulators = [tuple(next(started) for _ in plan.replicas) for plan in plans]
-    gateway_specs = []
-    for plan, children in zip(plans, emulators, strict=True):
+    gateway_specs: list[ProcessSpec] = []
+    for plan, children, ports in zip(plans, emulators, kv_ports, strict=True):
         if plan.router is None:
             continue
-        config = gateway_config(plan, [c.base_url for c in children])
+        config = gateway_config(plan, [c.base_url for c in children], ports)
         source = f"{plan.prefix}-gateway.yaml"
         parse_gateway_config(config, source)  # fail here, naming the field, not in the child
-        gateway_specs.append(
-            gateway_spec(f"{plan.prefix}-gateway", launcher.write_yaml(source, config))
+        path = launcher.write_yaml(source, config)
+        names = (
+            [f"{plan.prefix}-gateway"]
+            if plan.num_gateways == 1
+            else [f"{plan.prefix}-gateway{i}" for i in range(plan.num_gateways)]
         )
+        gateway_specs.extend(gateway_spec(name, path) for name in names)
     gateways = iter(launcher.start(*gateway_specs))
     return tuple(
-        Fleet(plan, children, None if plan.router is None else next(gateways))
+        Fleet(
+            plan,
+            children,
+            () if plan.router is None else tuple(next(gateways) for _ in range(plan.num_gateways)),
+        )
         for plan, children in zip(plans, emulators, strict=True)
     )

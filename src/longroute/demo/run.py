@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from longroute.bench import BenchOptions, BenchResult, bench_payload, run_bench
-from longroute.demo.fleet import DEFAULT_REPLICAS, Fleet, FleetPlan, start_fleets
+from longroute.demo.fleet import DEFAULT_REPLICAS, MAX_GATEWAYS, Fleet, FleetPlan, start_fleets
 from longroute.launcher import Launcher
 
 if TYPE_CHECKING:
@@ -41,7 +41,13 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
-    """What ``longroute demo`` takes; ``baseline`` is a router name or ``"direct"``."""
+    """What ``longroute demo`` takes; ``baseline`` is a router name or ``"direct"``.
+
+    ``replicas`` > 1 puts that many gateway replicas in front of the router's fleet,
+    every emulator publishing KV events and every replica routing on them
+    (precise prefix, engine load); the bench loads the router's fleet through the
+    first replica.
+    """
 
     router: str = "prefix-cache"
     baseline: str = "round-robin"
@@ -50,6 +56,7 @@ class DemoOptions:
     concurrency: int = 8
     seed: int = 0
     ready_timeout_s: float = 60.0
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         from longroute.routing import ROUTERS
@@ -66,6 +73,10 @@ class DemoOptions:
             raise ValueError(f"baseline and router are both {self.router!r}; compare two")
         if not (math.isfinite(self.speed) and self.speed > 0):
             raise ValueError(f"speed must be a finite number > 0, got {self.speed}")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise ValueError(f"replicas must be an integer, got {self.replicas!r}")
+        if not 1 <= self.replicas <= MAX_GATEWAYS:
+            raise ValueError(f"replicas must be 1 to {MAX_GATEWAYS}, got {self.replicas}")
         for name in ("num_requests", "concurrency"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -108,7 +119,14 @@ def demo_plans(options: DemoOptions) -> tuple[FleetPlan, FleetPlan]:
         )
     else:
         baseline = FleetPlan("baseline", router=options.baseline, speed=options.speed)
-    return baseline, FleetPlan("routed", router=options.router, speed=options.speed)
+    routed = FleetPlan(
+        "routed",
+        router=options.router,
+        speed=options.speed,
+        num_gateways=options.replicas,
+        kv_events=options.replicas > 1,
+    )
+    return baseline, routed
 
 
 def bench_options(options: DemoOptions) -> BenchOptions:
@@ -127,7 +145,7 @@ def _process_infos(fleets: tuple[Fleet, ...]) -> tuple[ProcessInfo, ...]:
     infos = []
     for fleet in fleets:
         for child in fleet.children:
-            role = "gateway" if child is fleet.gateway else "emulator"
+            role = "gateway" if child in fleet.gateways else "emulator"
             infos.append(ProcessInfo(child.name, role, child.pid, child.url, child.popen.poll()))
     return tuple(infos)
 
@@ -150,9 +168,15 @@ def run_demo(
     plans = demo_plans(options)
     with Launcher(ready_timeout_s=options.ready_timeout_s) as launcher:
         num_emulators = sum(len(p.replicas) for p in plans)
-        num_gateways = sum(p.router is not None for p in plans)
+        num_gateways = sum(p.num_gateways for p in plans if p.router is not None)
         say(f"starting {num_emulators} emulators and {num_gateways} gateway(s) ...")
         fleets = start_fleets(launcher, plans)
+        if options.replicas > 1:
+            urls = ", ".join(g.base_url for g in fleets[1].gateways)
+            say(
+                f"{options.replicas} gateway replicas of {options.router} (KV events, precise "
+                f"prefix, engine load) at {urls}; the bench goes through the first"
+            )
         targets = [f"{options.baseline_label}={fleets[0].url}", f"{options.router}={fleets[1].url}"]
         say(
             f"benchmarking {options.baseline_label} then {options.router}: "
@@ -180,6 +204,7 @@ def demo_payload(result: DemoResult) -> dict[str, object]:
         "router": opts.router,
         "baseline": opts.baseline_label,
         "speed": opts.speed,
+        "replicas": opts.replicas,
         "fleet": fleet,
         "processes": [
             {"name": p.name, "role": p.role, "pid": p.pid, "url": p.url, "exit_code": p.exit_code}
