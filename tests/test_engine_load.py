@@ -350,3 +350,26 @@ def test_a_reload_switches_the_load_source_and_the_scrape_timing(
             assert gateway.fleet.state("a").num_inflight_requests == 3
 
     asyncio.run(scenario())
+
+
+def test_gorgo_adds_the_other_gateways_requests_to_its_own_queue() -> None:
+    from longroute.routing.gorgo import GorgoRouter
+
+    fleet = _fleet()
+    router = GorgoRouter(rtt_weight=0.0, queue_weight=1.0)
+    first = _request(1, prompt=100, output=10)
+    decision = router.route(first, fleet, 0.0)
+    assert decision.endpoint == "a"  # a tie goes to the first
+    router.on_dispatch(first, "a", 0.0)
+    fleet.record_dispatch(first, "a", 0.0)
+    assert fleet.state("b").num_other_requests == 0
+    # another gateway sent 3 requests to b: the engine says 3 in flight there
+    fleet.set_engine_stats("b", 0, 3, None, 0.001)
+    assert fleet.state("b").num_other_requests == 3
+    scores = router.route(_request(2, prompt=100, output=10), fleet, 0.0).scores
+    # a holds our one request (110 tokens of work); b the others' 3, sized like ours
+    assert scores["a"] == pytest.approx(100 + 110)
+    assert scores["b"] == pytest.approx(100 + 3 * 110)
+    assert router.route(_request(3), fleet, 0.0).endpoint == "a"
+    fleet.set_load_source(LoadSource.LOCAL)  # one gateway's view: b looks idle again
+    assert router.route(_request(4), fleet, 0.0).endpoint == "b"

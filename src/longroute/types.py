@@ -172,6 +172,10 @@ class EndpointState:
     engine_num_running: int | None = None
     engine_kv_usage: float | None = None
     engine_stats_age_s: float | None = None
+    num_other_requests: int = 0
+    """Of ``num_inflight_requests``, those other clients (other gateway replicas) sent, as
+    the owner estimates them from the engine's load; 0 with the local load source. For
+    routers that keep load counters of their own (gorgo) and must add the others'."""
 
     @property
     def num_queued_tokens(self) -> int:

@@ -152,6 +152,7 @@ class FleetView:
                 live.engine_num_running,
                 live.engine_kv_usage,
                 live.engine_stats_age_s,
+                others or 0,
             )
         self._dirty.clear()
 

@@ -11,7 +11,11 @@ prefix index believes ``r`` holds (what this router sent where, memory-bounded
 LRU); ``queued_tokens`` is the router's own count of the work in flight at
 ``r``: for every request sent there and not yet completed, its uncached prompt
 tokens at dispatch plus its output tokens (incremented in :meth:`on_dispatch`,
-decremented in :meth:`on_complete`). Counting the uncached part, not the whole
+decremented in :meth:`on_complete`), plus, where the fleet view reads the
+engines' global load (the gateway's ``load_source: engine``), the requests other
+gateways sent there (``EndpointState.num_other_requests``), each sized as the mean
+work this router dispatched, so several gateway replicas see one queue. Counting
+the uncached part, not the whole
 prompt, keeps a long conversation's cached history from looking like queued
 work and pushing the conversation away from its cache. With
 ``queue_release="first-token"`` the counter is a prefill queue instead (a
@@ -97,6 +101,9 @@ class GorgoRouter(BaseRouter):
         # queued work per endpoint, and per request in flight: (endpoint, its work)
         self.queued_tokens: dict[str, int] = {}
         self._work: dict[tuple[str, int], tuple[str, int]] = {}
+        # the mean work of a dispatch: the size of another gateway's request
+        self._work_sum = 0
+        self._num_dispatches = 0
         # the last route() call's matched blocks per endpoint, for on_dispatch
         self._last_key: tuple[str, int] | None = None
         self._last_matched: dict[str, int] = {}
@@ -136,7 +143,11 @@ class GorgoRouter(BaseRouter):
             uncached = num_prompt - matched.get(name, 0) * block_tokens
             if uncached < 0:  # the last block may be partial
                 uncached = 0
-            scores[name] = w_rtt * state.rtt_ms + uncached + w_queue * queued.get(name, 0)
+            queue: float = queued.get(name, 0)
+            others = state.num_other_requests
+            if others and self._num_dispatches:
+                queue += others * self._work_sum / self._num_dispatches
+            scores[name] = w_rtt * state.rtt_ms + uncached + w_queue * queue
         self._last_key = (request.request_id, request.attempt)
         self._last_matched = matched
         chosen = pick_min(scores)
@@ -160,6 +171,8 @@ class GorgoRouter(BaseRouter):
             self.queued_tokens[previous[0]] -= previous[1]
         self._work[key] = (endpoint, work)
         self.queued_tokens[endpoint] = self.queued_tokens.get(endpoint, 0) + work
+        self._work_sum += work
+        self._num_dispatches += 1
 
     def on_first_token(self, request: Request, endpoint: str, now_s: float) -> None:
         """The first token reached the router: with ``queue_release="first-token"``,
@@ -183,6 +196,8 @@ class GorgoRouter(BaseRouter):
         right while those requests finish."""
         self.queued_tokens.update(old.queued_tokens)
         self._work.update(old._work)
+        self._work_sum += old._work_sum
+        self._num_dispatches += old._num_dispatches
 
     @property
     def num_inflight(self) -> int:
