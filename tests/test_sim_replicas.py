@@ -61,7 +61,9 @@ def _digest(result: SimResult) -> tuple[int, str]:
 # Digests of every record and counter, computed on the simulator before gateway replicas
 # existed (commit 6a31fe8). They cover prefix, load-aware and TTCA routing, a client's
 # retries (laar) and failovers after connection errors (gorgo-congestion). If the simulator's
-# behaviour changes on purpose, recompute them with _digest on the new code.
+# behaviour changes on purpose, recompute them with _digest on the new code. They were
+# computed when routers read true output lengths, so they run under `oracle_lengths: true`
+# (which keeps the simulator bit-identical to then; tests/test_honest_lengths.py).
 GOLDEN = {
     ("long-sessions", 40, 1): {
         "prefix-cache": (155, "6a26eb9203c58eb6"),
@@ -78,7 +80,7 @@ def test_one_gateway_is_bit_identical_to_the_simulator_before_replicas(
     key: tuple[str, int, int],
 ) -> None:
     name, limit, seed = key
-    config = _limited(name, limit)
+    config = _limited(name, limit).model_copy(update={"oracle_lengths": True})
     for gateway in (config, _with_gateway(config, replicas=1)):
         run = run_scenario(gateway, seed=seed, routers=list(GOLDEN[key]))
         assert {r: _digest(res) for r, res in run.results.items()} == GOLDEN[key]

@@ -377,6 +377,11 @@ class ScenarioConfig(_Model):
         "(None = the one given by `gateway`).",
     )
     is_prefix_caching: bool = Field(True, description="Engines cache prompt prefixes.")
+    oracle_lengths: bool = Field(
+        False,
+        description="Routers see each answer's true output length (an ablation); false = "
+        "what a gateway knows: the client's max_tokens and a length learned from completions.",
+    )
     scrape_interval_s: float | None = Field(
         1.0, gt=0, description="How often the router sees engine stats (None = never)."
     )

@@ -63,8 +63,12 @@ class Request:
     ``block_hashes`` are chained hashes of the prompt's full token blocks
     (``block_size_tokens`` each): equal hash at position i means an identical
     prefix of ``(i + 1) * block_size_tokens`` tokens.
-    ``num_output_tokens`` is the expected output length (the true length in the
-    simulator; a prediction or ``max_tokens`` in the gateway).
+    ``num_output_tokens`` is the output length a router may expect: what a gateway
+    knows, never the answer's true length (the simulator gives that to its engine
+    model alone, except under the ``oracle_lengths`` ablation). Both the simulator and
+    the gateway set it from :class:`~longroute.estimators.output_length.OutputLengthEstimator`:
+    a quantile of completed requests' lengths, at most ``max_output_tokens``.
+    ``max_output_tokens`` is the client's ``max_tokens`` per answer, when it gave one.
 
     Agent workflows: ``program_id`` names the workflow execution, ``stage`` its
     1-based step, ``workflow`` its kind (e.g. ``"apps/planner-coder"``) and
@@ -79,6 +83,7 @@ class Request:
     num_output_tokens: int
     block_hashes: tuple[int, ...] = ()
     block_size_tokens: int = 512
+    max_output_tokens: int | None = None
     model: str | None = None
     language: Language | None = None
     task: str | None = None
@@ -103,6 +108,11 @@ class Request:
             raise ValueError(
                 f"request {self.request_id!r}: num_output_tokens must be >= 1, "
                 f"got {self.num_output_tokens}"
+            )
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id!r}: max_output_tokens must be >= 1 or None, "
+                f"got {self.max_output_tokens}"
             )
         if self.attempt < 1:
             raise ValueError(f"request {self.request_id!r}: attempt must be >= 1")
@@ -146,9 +156,14 @@ class Endpoint:
         return self.num_gpus * self.spp_degree * self.kvp_degree
 
     def can_fit(self, request: Request) -> bool:
-        """True if prompt plus expected output fit the endpoint's context limit."""
+        """True if the prompt plus the client's ``max_tokens`` (as an engine checks it), or
+        without one the expected output, fit the endpoint's context limit."""
         limit = self.max_model_len_tokens
-        return limit is None or request.num_prompt_tokens + request.num_output_tokens <= limit
+        if limit is None:
+            return True
+        cap = request.max_output_tokens
+        out = request.num_output_tokens if cap is None else cap
+        return request.num_prompt_tokens + out <= limit
 
 
 @dataclass(frozen=True, slots=True)

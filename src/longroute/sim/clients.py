@@ -138,8 +138,9 @@ def retry_request(old: Request, query_id: str, endpoint: str, model: str, now_s:
     """The next attempt at ``old``'s question, issued at ``now_s`` after a wrong answer.
 
     Same prompt (block hashes included, so a retry on the same engine hits its
-    prefix cache), session and SLO; ``attempt`` + 1; the endpoint and model
-    that answered wrongly appended to ``tried_endpoints`` / ``tried_models``;
+    prefix cache), expected and maximum output, session and SLO; ``attempt`` + 1;
+    the endpoint and model that answered wrongly appended to ``tried_endpoints`` /
+    ``tried_models``;
     request id ``"<query id>#<attempt>"``.
     """
     attempt = old.attempt + 1
@@ -150,6 +151,7 @@ def retry_request(old: Request, query_id: str, endpoint: str, model: str, now_s:
         num_output_tokens=old.num_output_tokens,
         block_hashes=old.block_hashes,
         block_size_tokens=old.block_size_tokens,
+        max_output_tokens=old.max_output_tokens,
         model=old.model,
         language=old.language,
         task=old.task,

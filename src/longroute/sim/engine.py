@@ -109,8 +109,15 @@ class EngineModel:
         self._is_busy = False
 
     # ---- public --------------------------------------------------------
-    def submit(self, request: Request, now_s: float, tag: object = None) -> Sequence:
-        """A request reached the engine at ``now_s``."""
+    def submit(
+        self,
+        request: Request,
+        now_s: float,
+        tag: object = None,
+        num_output_tokens: int | None = None,
+    ) -> Sequence:
+        """A request reached the engine at ``now_s``; it will generate ``num_output_tokens``
+        (None: ``request.num_output_tokens``; see :class:`Sequence`)."""
         cache_block_tokens = self.kv.cache.block_size_tokens
         if request.block_hashes and request.block_size_tokens != cache_block_tokens:
             raise ValueError(
@@ -118,7 +125,7 @@ class EngineModel:
                 f"blocks but engine {self.endpoint.name!r} caches "
                 f"{cache_block_tokens}-token blocks"
             )
-        seq = Sequence(request, now_s, tag)
+        seq = Sequence(request, now_s, tag, num_output_tokens)
         if self._observe_iterations is not None and self._stretch is not None:
             self._observe_mid_stretch(now_s)
         self.queue.push(seq, now_s)

@@ -143,10 +143,14 @@ class ReplicaPicker:
         self._next = 0
 
     def pick(self, request: Request) -> int:
+        return self.pick_session(request.session_id)
+
+    def pick_session(self, session_id: str | None) -> int:
+        """The replica of a new request of ``session_id`` (None: no session)."""
         if self.num_replicas == 1:
             return 0
-        if self.spread == "session" and request.session_id is not None:
-            return zlib.crc32(request.session_id.encode()) % self.num_replicas
+        if self.spread == "session" and session_id is not None:
+            return zlib.crc32(session_id.encode()) % self.num_replicas
         replica = self._next
         self._next = (replica + 1) % self.num_replicas
         return replica

@@ -399,6 +399,7 @@ def run_scenario(
             observers=observers,
             gateway=gateway,
             replica_routers=replicas[1:],
+            oracle_lengths=config.oracle_lengths,
         )
         results[name] = sim.run()
         if on_router_done is not None:

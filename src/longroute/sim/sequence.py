@@ -43,13 +43,29 @@ class Sequence:
         "target_tokens",
     )
 
-    def __init__(self, request: Request, arrival_s: float, tag: object = None) -> None:
+    def __init__(
+        self,
+        request: Request,
+        arrival_s: float,
+        tag: object = None,
+        num_output_tokens: int | None = None,
+    ) -> None:
+        """``num_output_tokens``: the tokens this answer will have (the truth, which the
+        simulator keeps off the request routers read); None: the request's own count (the
+        emulator's requests carry their length)."""
         self.request = request
         self.arrival_s = arrival_s
         self.tag = tag
         self.hashes = request.block_hashes
         self.num_prompt_tokens = request.num_prompt_tokens
-        self.num_output_tokens = request.num_output_tokens
+        if num_output_tokens is None:
+            num_output_tokens = request.num_output_tokens
+        elif num_output_tokens < 1:
+            raise ValueError(
+                f"request {request.request_id!r}: num_output_tokens must be >= 1, "
+                f"got {num_output_tokens}"
+            )
+        self.num_output_tokens = num_output_tokens
         # an engine always computes at least one prompt token before sampling
         self.target_tokens = max(1, request.num_prompt_tokens)
         self.num_computed_tokens = 0

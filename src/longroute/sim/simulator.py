@@ -12,6 +12,11 @@ prompt blocks, so a retry on the same engine hits its prefix cache); a
 correct answer or attempt R ends the query and the session goes on. Without
 a spec, answers are not checked and nothing is retried.
 
+Routers see the output length a gateway would know, never the true one
+(``sim.lengths``): the client's ``max_tokens`` where the workload gives one and an
+estimate learned from completed answers; only the engine model reads the truth,
+unless ``oracle_lengths`` gives it to routers as an ablation.
+
 With :class:`GatewayOptions` of K > 1 replicas, K routers each keep their own
 FleetView and requests are spread over them (``sim.replicas``); ``router`` and
 ``fleet`` are replica 0's.
@@ -45,10 +50,11 @@ from longroute.sim.clients import (
 from longroute.sim.engine import EngineModel
 from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
+from longroute.sim.lengths import LengthView, generated_tokens
 from longroute.sim.network import Network
 from longroute.sim.replicas import GatewayOptions, ReplicaPicker, watch_engine_caches
 from longroute.sim.sequence import Sequence as EngineSeq
-from longroute.sim.workflows import WorkflowTracker, judge, resolve
+from longroute.sim.workflows import WorkflowTracker, judge, resolve, true_output_tokens
 from longroute.types import SLO, Endpoint, Request
 from longroute.workloads.types import Session, Workload
 
@@ -90,6 +96,7 @@ class _Flight:
         "dispatch_s",
         "endpoint",
         "first_token_s",
+        "num_output_tokens",
         "replica",
         "request",
         "rtt_s",
@@ -108,8 +115,10 @@ class _Flight:
         user: int | None,
         dispatch_s: float,
         replica: int,
+        num_output_tokens: int,
     ) -> None:
         self.request = request
+        self.num_output_tokens = num_output_tokens  # the truth: the engine's alone
         self.session = session
         self.turn_index = turn_index
         self.endpoint = endpoint
@@ -138,9 +147,11 @@ class Simulation:
         observers: Sequence[RunObserver] = (),
         gateway: GatewayOptions | None = None,
         replica_routers: Sequence[Router] = (),
+        oracle_lengths: bool = False,
     ) -> None:
         """``replica_routers`` are the routers of gateway replicas 1..K-1 (replica 0's is
-        ``router``), one per extra replica of ``gateway``; ``observers`` see every replica."""
+        ``router``), one per extra replica of ``gateway``; ``observers`` see every replica.
+        ``oracle_lengths``: routers see true output lengths (an ablation; module doc)."""
         self.options = options or EngineOptions()
         self.gateway = gateway or GatewayOptions()
         if len(replica_routers) != self.gateway.num_replicas - 1:
@@ -159,6 +170,7 @@ class Simulation:
         self.router_name: str = router_name or str(getattr(router, "name", type(router).__name__))
         self._rng = random.Random(seed)
         self._workflows = WorkflowTracker()
+        self._lengths = LengthView(self.gateway.num_replicas, is_oracle=oracle_lengths)
         # an oracle router's requests carry true lengths as priority (sim.workflows.resolve)
         self._priority_oracle: str | None = getattr(router, "priority_oracle", None)
         base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
@@ -277,6 +289,11 @@ class Simulation:
     def _issue(self, item: tuple[Session, int, int | None], _: object) -> None:
         session, turn_index, user = item
         turn = session.turns[turn_index]
+        replica = self._picker.pick_session(session.conversation)
+        model = turn.model if turn.agent is None else None  # a stage's model is the router's
+        expected = self._lengths.expected(
+            replica, model, turn.task, turn.max_output_tokens, turn.num_output_tokens
+        )
         if turn.agent is not None:
             request = self._workflows.request(
                 session,
@@ -284,23 +301,25 @@ class Simulation:
                 self.loop.now_s,
                 self.workload.block_size_tokens,
                 self.default_slo,
+                expected,
             )
-            self._dispatch(request, session, turn_index, user)
+            self._dispatch(request, session, turn_index, user, replica=replica)
             return
         request = Request(
             request_id=f"{session.session_id}:{turn_index}",  # = query_id_of(...), inlined
             arrival_s=self.loop.now_s,
             num_prompt_tokens=turn.num_prompt_tokens,
-            num_output_tokens=turn.num_output_tokens,
+            num_output_tokens=expected,
             block_hashes=turn.block_hashes,
             block_size_tokens=self.workload.block_size_tokens,
+            max_output_tokens=turn.max_output_tokens,
             model=turn.model,
             language=turn.language,
             task=turn.task,
             session_id=session.conversation,
             slo=turn.slo or self.default_slo,
         )
-        self._dispatch(request, session, turn_index, user)
+        self._dispatch(request, session, turn_index, user, replica=replica)
 
     def _dispatch(
         self,
@@ -349,6 +368,7 @@ class Simulation:
                 endpoint.model,
                 decision.priority,
                 self._priority_oracle,
+                is_oracle_lengths=self._lengths.is_oracle,
             )
         fleet.record_dispatch(request, name, now_s)
         router.on_dispatch(request, name, now_s)
@@ -359,7 +379,11 @@ class Simulation:
             self.loop.at(now_s + self.network.connect_timeout_s, self._connect_failed, failed, None)
             return
         rtt_s = self.network.sample_rtt_s(endpoint.region, now_s)
-        flight = _Flight(request, session, turn_index, name, rtt_s, user, now_s, replica)
+        truth = true_output_tokens(session, turn_index, endpoint.model)
+        num_output = generated_tokens(truth, request, endpoint)
+        flight = _Flight(
+            request, session, turn_index, name, rtt_s, user, now_s, replica, num_output
+        )
         self.loop.at(now_s + rtt_s / 2, self._reach_engine, flight, None)
 
     def _connect_failed(self, failed: tuple[Any, ...], _: object) -> None:
@@ -394,7 +418,8 @@ class Simulation:
         fleet.set_health(name, True)
 
     def _reach_engine(self, flight: _Flight, _: object) -> None:
-        self.engines[flight.endpoint].submit(flight.request, self.loop.now_s, flight)
+        engine = self.engines[flight.endpoint]
+        engine.submit(flight.request, self.loop.now_s, flight, flight.num_output_tokens)
 
     def on_first_token(self, seq: EngineSeq, t_s: float) -> None:
         flight: _Flight = seq.tag  # type: ignore[assignment]
@@ -421,7 +446,9 @@ class Simulation:
         assert flight.first_token_s is not None
         fleet = self.fleets[flight.replica]
         fleet.record_complete(request, name, is_prefill_counted=False)
-        self.routers[flight.replica].on_complete(request, name, now_s, True)
+        num_output = seq.num_output_tokens
+        answered = self._lengths.completed(request, flight.replica, num_output)
+        self.routers[flight.replica].on_complete(answered, name, now_s, True)
         # every answer is a passive RTT probe (of the replica that sent it)
         fleet.set_rtt(name, self._rtt[flight.replica][name].update(flight.rtt_s * 1000.0))
         endpoint = fleet.endpoint(name)
@@ -433,7 +460,7 @@ class Simulation:
                 spec.oracle, flight.session, flight.turn_index, endpoint.model, request.attempt
             )
         elif request.program_id is not None:
-            self._workflows.finish(flight.session, flight.turn_index, request.num_output_tokens)
+            self._workflows.finish(flight.session, flight.turn_index, num_output)
             is_correct = judge(flight.session, flight.turn_index, endpoint.model)
             query_id = None if is_correct is None else request.program_id
         record = RequestRecord(
@@ -449,7 +476,7 @@ class Simulation:
             finish_s=now_s,
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens or 0,
-            num_output_tokens=request.num_output_tokens,
+            num_output_tokens=num_output,
             attempt=request.attempt,
             num_preemptions=seq.num_preemptions,
             slo=request.slo,
@@ -471,7 +498,9 @@ class Simulation:
         """Reissue the turn of a wrong answer at once, telling the router what was tried."""
         query_id = query_id_of(flight.session.session_id, flight.turn_index)
         request = retry_request(flight.request, query_id, flight.endpoint, model, now_s)
-        self._dispatch(request, flight.session, flight.turn_index, flight.user)
+        replica = self._picker.pick(request)
+        request = self._lengths.reissued(request, replica)
+        self._dispatch(request, flight.session, flight.turn_index, flight.user, replica=replica)
 
     def _next_turn(self, session: Session, turn_index: int, user: int | None, now_s: float) -> None:
         index = turn_index + 1

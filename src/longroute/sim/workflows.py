@@ -7,13 +7,16 @@ earlier stages ran, and what it produces on the model that serves it, so:
 * :meth:`WorkflowTracker.request` builds stage i's request when the client
   issues it: the prompt is the stage's base (role system prompt + user part)
   plus every earlier stage's actual output (the history it reads);
-  ``num_output_tokens`` is the turn's placeholder, the largest any model
-  would produce (what a client's ``max_tokens`` would be), since the model is
-  not known yet;
-* :func:`resolve` runs after routing: the output length becomes the chosen
-  model's, and the router's priority is written in (or, for a router marked
-  ``is_priority_oracle``, the true remaining output of the workflow on that
-  model: this stage and every later one);
+  ``num_output_tokens`` is what the caller passes: the expected length
+  (``sim.lengths``), or under the ``oracle_lengths`` ablation the turn's
+  placeholder, the largest any model would produce, since the model is not
+  known yet;
+* :func:`resolve` runs after routing: the router's priority is written in (or,
+  for a router marked ``priority_oracle``, the true remaining output of the
+  workflow on that model: this stage and every later one), and under the
+  ``oracle_lengths`` ablation the output length becomes the chosen model's;
+* :func:`true_output_tokens` is the stage's true length on the chosen model,
+  which only the engine model reads;
 * :func:`judge` says whether the final stage's answer is right (the workflow's
   truth for the model that produced it); earlier stages are not judged.
 
@@ -47,8 +50,10 @@ class WorkflowTracker:
         now_s: float,
         block_size_tokens: int,
         default_slo: SLO | None,
+        num_output_tokens: int,
     ) -> Request:
-        """Stage ``turn_index`` of ``session`` as issued at ``now_s`` (module docstring)."""
+        """Stage ``turn_index`` of ``session`` as issued at ``now_s``, expecting
+        ``num_output_tokens`` (module docstring)."""
         turn = session.turns[turn_index]
         agent = turn.agent
         assert agent is not None, "only for turns of an agent workflow"
@@ -57,7 +62,7 @@ class WorkflowTracker:
             request_id=f"{session.session_id}:{turn_index}",
             arrival_s=now_s,
             num_prompt_tokens=turn.num_prompt_tokens + history,
-            num_output_tokens=turn.num_output_tokens,
+            num_output_tokens=num_output_tokens,
             block_hashes=turn.block_hashes,
             block_size_tokens=block_size_tokens,
             task=turn.task,
@@ -105,6 +110,14 @@ def true_remaining_tokens(session: Session, turn_index: int, model: str) -> int:
     return total
 
 
+def true_output_tokens(session: Session, turn_index: int, model: str) -> int:
+    """The turn's true output length when ``model`` serves it (the engine's to read)."""
+    turn = session.turns[turn_index]
+    if turn.agent is None:
+        return turn.num_output_tokens
+    return _output_tokens(turn.agent, model, session.session_id)
+
+
 def resolve(
     request: Request,
     session: Session,
@@ -112,24 +125,26 @@ def resolve(
     model: str,
     priority: float | None,
     oracle: str | None,
+    *,
+    is_oracle_lengths: bool,
 ) -> Request:
-    """``request`` as dispatched to ``model``: its true output length and its priority.
+    """``request`` as dispatched to ``model``: its priority and, only under the
+    ``oracle_lengths`` ablation, an agent stage's true output length.
 
-    ``oracle`` is the router's ``priority_oracle`` ("workflow", "stage") or None.
+    ``oracle`` is the router's ``priority_oracle`` ("workflow", "stage") or None: such a
+    router's priority is the truth (this stage's, or the workflow's remaining) either way.
     """
     if oracle not in (None, "workflow", "stage"):
         raise ValueError(f"priority_oracle must be 'workflow' or 'stage', got {oracle!r}")
     agent = session.turns[turn_index].agent
-    if agent is None:
-        if oracle is not None:
-            priority = float(request.num_output_tokens)
-        return request if priority is None else replace(request, priority=priority)
-    num_output = _output_tokens(agent, model, session.session_id)
-    if oracle == "workflow":
+    if oracle == "workflow" and agent is not None:
         priority = float(true_remaining_tokens(session, turn_index, model))
-    elif oracle == "stage":
-        priority = float(num_output)
-    return replace(request, num_output_tokens=num_output, priority=priority)
+    elif oracle is not None:
+        priority = float(true_output_tokens(session, turn_index, model))
+    if agent is not None and is_oracle_lengths:
+        num_output = _output_tokens(agent, model, session.session_id)
+        return replace(request, num_output_tokens=num_output, priority=priority)
+    return request if priority is None else replace(request, priority=priority)
 
 
 def judge(session: Session, turn_index: int, model: str) -> bool | None:

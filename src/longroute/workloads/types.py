@@ -62,6 +62,10 @@ class AgentStage:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
+    """One request of a session. ``num_output_tokens`` is the answer's true length (the
+    simulator's engine model reads it; routers never do, ``sim.lengths``);
+    ``max_output_tokens`` is the client's ``max_tokens``, when the workload gives one."""
+
     num_prompt_tokens: int
     num_output_tokens: int
     block_hashes: tuple[int, ...] = ()
@@ -71,6 +75,7 @@ class Turn:
     model: str | None = None
     slo: SLO | None = None
     agent: AgentStage | None = None
+    max_output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
