@@ -116,7 +116,10 @@ class CompletionHandler:
             started_s=trace.started_s,
             timeout_s=wiring.config.admission.request_timeout_s,
         )  # fmt: skip
-        return await gw.proxy.forward(stream, job)
+        response = await gw.proxy.forward(stream, job)
+        if response is None or response.status < 400:  # an answer: learn its length
+            wiring.requests.observe(job)
+        return response
 
     def _failed(self, trace: RequestTrace, kind: str, response: HttpResponse) -> HttpResponse:
         self.gateway.metrics.errors.labels(kind).inc()

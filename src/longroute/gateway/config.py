@@ -224,7 +224,10 @@ class AdmissionConfig(_Model):
         "requests of the same model a request is passed over before it is promoted.",
     )
     default_max_tokens: int = Field(
-        256, ge=1, description="Expected output tokens when a request gives no max_tokens."
+        256,
+        ge=1,
+        description="Expected output tokens per answer until the gateway has learned "
+        "lengths from answers' usage (then the median of recent ones, at most max_tokens).",
     )
 
     @field_validator("queue_policy")

@@ -9,6 +9,11 @@ sample, a few Latin letters that never outvote three East-Asian characters),
 ``default_task``; ``slo`` from ``x-longroute-ttft-slo-ms`` (a TTFT objective);
 ``program_id``, ``stage`` and ``workflow`` from the workflow headers and, for
 routers with ``workflow_predictors``, ``prompt`` (:mod:`longroute.gateway.workflow`).
+``num_output_tokens`` is the expected output per choice, times the choices: the
+quantile the :class:`~longroute.estimators.output_length.OutputLengthEstimator` learned
+from earlier answers' usage of the same model and task (the simulator's estimator
+class; ``admission.default_max_tokens`` until it has learned), at most the client's
+``max_tokens`` (kept in ``max_output_tokens``, which the context-limit check reads).
 
 Chat requests that carry ``documents`` are rewritten before the Request is built
 (:class:`~longroute.gateway.context_reuse.ContextReuse`, re-exported here).
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from longroute.clock import Clock
+from longroute.estimators.output_length import OutputLengthEstimator
 from longroute.features.hf_chat import UnsupportedMessageError
 from longroute.features.language import detect_language
 from longroute.gateway.backends import Backend
@@ -178,6 +184,7 @@ class RequestBuilder:
         )
         self.chars_per_token = config.chars_per_token
         self.default_max_tokens = config.admission.default_max_tokens
+        self.lengths = OutputLengthEstimator(prior_tokens=self.default_max_tokens)
         self.default_task = config.default_task
         self.is_hashing = is_hashing
         self.is_detecting_language = is_detecting_language
@@ -215,18 +222,21 @@ class RequestBuilder:
         tried = tried_models(headers.get(TRIED_HEADER))
         task = _bounded_header(headers, TASK_HEADER, MAX_TASK_CHARS)
         session = _bounded_header(headers, SESSION_HEADER, MAX_SESSION_CHARS)
-        max_tokens = parsed.max_output_tokens or self.default_max_tokens
+        task = task or self.default_task
+        cap = parsed.max_output_tokens
+        expected = self.lengths.estimate(model, task, cap)
         flow = workflow_fields(headers)
         return Request(
             request_id=f"gw-{next(self._ids)}",
             arrival_s=self._clock.now_s(),
             num_prompt_tokens=features.num_prompt_tokens,
-            num_output_tokens=max_tokens * parsed.num_choices,
+            num_output_tokens=expected * parsed.num_choices,
             block_hashes=features.block_hashes,
             block_size_tokens=self.block_size_tokens,
+            max_output_tokens=cap,
             model=model,
             language=language,
-            task=task or self.default_task,
+            task=task,
             session_id=session or parsed.user,
             program_id=flow.program_id,
             stage=flow.stage,
@@ -236,6 +246,16 @@ class RequestBuilder:
             tried_models=tried,
             slo=ttft_slo(headers),
         )
+
+    def observe(self, job: Job) -> None:
+        """``job``'s answer ended well: its completion tokens per choice (the engine's
+        usage, or counted from the stream's events) teach the length estimate. O(log W)."""
+        completion = job.trace.usage().completion_tokens
+        if completion is None:
+            return
+        request = job.request
+        per_choice = completion // max(1, job.parsed.num_choices)
+        self.lengths.observe(request.model, request.task, per_choice)
 
     def _exact_features(self, parsed: ParsedBody, route: str) -> PromptFeatures | None:
         """The prompt's exact token count and block hashes by the engines' tokenizer; None
