@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from longroute.sim.scenario import (
 )
 from longroute.sim.simulator import SimResult, Simulation
 from longroute.types import Endpoint, Request, RouteDecision
+from longroute.workloads.native import read_native_jsonl, write_native_jsonl
 from longroute.workloads.types import Session, Turn, Workload
 from test_gateway import MODEL, FakeBackend, async_test, running_fleet
 from test_gateway_ops import RecordingRouter
@@ -146,7 +148,7 @@ def _distinct_lengths_workload(num_sessions: int) -> Workload:
     return Workload("distinct", sessions, 512)
 
 
-def _spied_run(*, oracle_lengths: bool) -> tuple[_Spy, SimResult]:
+def _spied_run(*, oracle_lengths: bool, workload: Workload | None = None) -> tuple[_Spy, SimResult]:
     config = load_scenario("default")
     endpoints = build_endpoints(config)
     predictors = build_predictors(endpoints)
@@ -154,7 +156,7 @@ def _spied_run(*, oracle_lengths: bool) -> tuple[_Spy, SimResult]:
     spy = _Spy()
     sim = Simulation(
         endpoints, predictors, _network(config, 0), spy,
-        _distinct_lengths_workload(300), _client_spec(config, None),
+        workload or _distinct_lengths_workload(300), _client_spec(config, None),
         oracle_lengths=oracle_lengths,
     )  # fmt: skip
     return spy, sim.run()
@@ -208,6 +210,20 @@ def test_agent_stages_routed_honestly_show_estimates_and_oracle_routers_keep_the
             assert views == sorted(truths)
         else:
             assert views != sorted(truths) and shown[0][0] == 256  # estimates, from the prior
+
+
+def test_a_traced_max_tokens_is_what_routers_see_and_where_the_engine_stops(
+    tmp_path: Path,
+) -> None:
+    turns = [Turn(300, 500, max_output_tokens=20), Turn(300, 10, max_output_tokens=20)]
+    sessions = tuple(Session(f"s{i}", (turn,)) for i, turn in enumerate(turns * 10))
+    path = tmp_path / "capped.jsonl"
+    write_native_jsonl(Workload("capped", sessions, 512), path)
+    workload = read_native_jsonl(path)
+    assert workload.sessions == sessions
+    spy, result = _spied_run(oracle_lengths=False, workload=workload)
+    assert all(max(shown) <= 20 for shown in spy.shown.values())
+    assert sorted({r.num_output_tokens for r in result.records}) == [10, 20]
 
 
 # ---- the ablation is the simulator before honest lengths, bit for bit ------------------------

@@ -22,7 +22,7 @@ from longroute.workloads.types import Session, Turn, Workload
 _SLO_FIELDS = ("slo_ttft_s", "slo_e2e_s", "slo_tpot_s")
 NATIVE_FIELDS = (
     "session_id", "conversation_id", "arrival_s", "think_time_s", "prompt_tokens", "output_tokens",
-    "block_size_tokens", "block_hashes", "language", "task", "model", *_SLO_FIELDS,
+    "max_tokens", "block_size_tokens", "block_hashes", "language", "task", "model", *_SLO_FIELDS,
 )  # fmt: skip
 _LANGUAGES = {language.value: language for language in Language}
 T = TypeVar("T")
@@ -50,6 +50,10 @@ def _native_optional(
 ) -> T | None:
     """``parse`` of a field that may be absent or null (both mean: not given)."""
     return None if obj.get(field) is None else parse(line, obj, field)
+
+
+def _positive_int(line: Line, obj: dict[str, Any], field: str) -> int:
+    return line.int_field(obj, field, 1)
 
 
 def _positive_float(line: Line, obj: dict[str, Any], field: str) -> float:
@@ -87,6 +91,7 @@ def _native_row(line: Line, obj: dict[str, Any]) -> _NativeRow:
         task=_native_text(line, obj, "task"),
         model=_native_text(line, obj, "model"),
         slo=None if slo_s == [None, None, None] else SLO(*slo_s),
+        max_output_tokens=_native_optional(line, obj, "max_tokens", _positive_int),
     )
     return _NativeRow(
         line,
@@ -178,6 +183,7 @@ def _native_object(session: Session, index: int, turn: Turn, block_size: int) ->
         "language": None if turn.language is None else turn.language.value,
         "task": turn.task,
         "model": turn.model,
+        "max_tokens": turn.max_output_tokens,
         "slo_ttft_s": None if turn.slo is None else turn.slo.ttft_s,
         "slo_e2e_s": None if turn.slo is None else turn.slo.e2e_s,
         "slo_tpot_s": None if turn.slo is None else turn.slo.tpot_s,
