@@ -310,10 +310,13 @@ async def test_the_gateway_learns_lengths_from_usage_and_caps_them_by_max_tokens
         status, _, _ = await fleet.chat(max_tokens=3)
         assert status == 200
         status, _, _ = await fleet.chat(max_tokens=100, n=2)
-    assert status == 200
+        assert status == 200
+        num_observed = builder.lengths.num_observed
+        status, _, _ = await fleet.chat(stream=True)  # no usage: its events are no count
+        assert status == 200 and builder.lengths.num_observed == num_observed == 11
     shown = [r.num_output_tokens for r in recorder.requests]
     caps = [r.max_output_tokens for r in recorder.requests]
     # the prior (admission.default_max_tokens) until 8 answers, then their median
-    assert shown == [256] * 8 + [4, 3, 4 * 2]
-    assert caps == [None] * 9 + [3, 100]
+    assert shown == [256] * 8 + [4, 3, 4 * 2, 4]
+    assert caps == [None] * 9 + [3, 100, None]
     assert builder.lengths.estimate(MODEL, None) == 4

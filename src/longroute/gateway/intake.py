@@ -248,10 +248,12 @@ class RequestBuilder:
         )
 
     def observe(self, job: Job) -> None:
-        """``job``'s answer ended well: its completion tokens per choice (the engine's
-        usage, or counted from the stream's events) teach the length estimate. O(log W)."""
-        completion = job.trace.usage().completion_tokens
-        if completion is None:
+        """``job``'s answer ended well: its completion tokens per choice teach the length
+        estimate, when the engine reported them (a stream's event count is not the token
+        count: a completions stream has no role event, an engine may batch tokens). O(log W)."""
+        usage = job.trace.usage()
+        completion = usage.completion_tokens
+        if completion is None or usage.source != "backend":
             return
         request = job.request
         per_choice = completion // max(1, job.parsed.num_choices)
