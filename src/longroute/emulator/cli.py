@@ -37,7 +37,7 @@ def _params(flag: str, items: list[str] | None) -> dict[str, object]:
 
 def emulate_command(
     profile: Annotated[str, typer.Option(help="Model profile to emulate (see `simulate --list`).")],
-    hardware: Annotated[str, typer.Option(help="Hardware profile of each GPU.")] = "h100",
+    hardware: Annotated[str, typer.Option(help="Hardware profile or engine file.")] = "h100",
     num_gpus: Annotated[int, typer.Option(help="GPUs (tensor parallel).")] = 1,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = DEFAULT_PORT,

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from longroute.emulator.kv_events_config import KvEventsConfig
 from longroute.emulator.network import DelaySchedule, check_schedule
+from longroute.estimators.measured_engine import is_measured_engine_ref
 from longroute.estimators.profiles import load_hardware_profile, load_model_profile
 from longroute.estimators.runtime import RuntimePredictor
+from longroute.estimators.runtime_measured import measured_predictor
 from longroute.registry import Registry
 from longroute.types import Endpoint
 
@@ -191,7 +193,10 @@ def build_engine_policies(options: EmulatorOptions) -> EnginePolicies:
 
 
 def build_predictor(options: EmulatorOptions) -> RuntimePredictor:
-    """The runtime predictor of the emulated replica (ProfileError/ValueError if invalid)."""
+    """The runtime predictor of the emulated replica (ProfileError/ValueError if invalid);
+    ``hardware`` may be a measured engine file (``longroute profile``)."""
+    if is_measured_engine_ref(options.hardware):
+        return measured_predictor(options.hardware, load_model_profile(options.profile))
     return RuntimePredictor(
         load_model_profile(options.profile),
         load_hardware_profile(options.hardware),

@@ -57,6 +57,7 @@ equal :class:`RuntimePredictor`'s bit for bit; :func:`make_predictor` returns on
 
 from __future__ import annotations
 
+from longroute.estimators.measured_engine import is_measured_engine_ref
 from longroute.estimators.profiles import (
     HardwareProfile,
     ModelProfile,
@@ -70,6 +71,7 @@ from longroute.estimators.runtime import (
     _sum_of_max,
     causal_attention_pairs,
 )
+from longroute.estimators.runtime_measured import endpoint_measured_predictor
 from longroute.types import Endpoint
 
 _ACTIVATION_BYTES = 2.0  # bf16 hidden states between stages, queries and partial outputs
@@ -274,8 +276,12 @@ def endpoint_predictor(endpoint: Endpoint) -> RuntimePredictor:
     """The predictor of ``endpoint``'s model, hardware and TP x SPP x KVP layout.
 
     Loads the two profiles (cached by the profile loaders); raises ``ValueError``
-    for an unknown profile or a layout the model cannot split into.
+    for an unknown profile or a layout the model cannot split into. A ``hardware``
+    that is a measured-engine file (``longroute profile``) gives its
+    :class:`~longroute.estimators.runtime_measured.MeasuredPredictor`.
     """
+    if is_measured_engine_ref(endpoint.hardware):
+        return endpoint_measured_predictor(endpoint)
     return make_predictor(
         load_model_profile(endpoint.model),
         load_hardware_profile(endpoint.hardware),

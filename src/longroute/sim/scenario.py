@@ -33,6 +33,7 @@ from longroute.config import (
 from longroute.congestion import timelines
 from longroute.errors import did_you_mean
 from longroute.estimators.capability import CapabilityModel
+from longroute.estimators.measured_engine import is_measured_engine_ref
 from longroute.estimators.parallel import make_predictor
 from longroute.estimators.profiles import (
     HardwareProfile,
@@ -40,6 +41,7 @@ from longroute.estimators.profiles import (
     load_model_profile,
 )
 from longroute.estimators.runtime import RuntimePredictor
+from longroute.estimators.runtime_measured import endpoint_measured_predictor
 from longroute.metrics.records import RunObserver
 from longroute.metrics.summary import summarize_ttca
 from longroute.metrics.ttca import TtcaSummary
@@ -92,9 +94,9 @@ def check_names(config: ScenarioConfig, source: str) -> ScenarioConfig:
     checks: list[tuple[str, str, Sequence[str], str]] = []
     for i, group in enumerate(config.fleet):
         checks.append((f"fleet[{i}].model", group.model, model_profile_names(), "model profile"))
-        checks.append(
-            (f"fleet[{i}].hardware", group.hardware, hardware_profile_names(), "hardware profile")
-        )
+        if not is_measured_engine_ref(group.hardware):  # a file: read by build_predictors
+            names = hardware_profile_names()
+            checks.append((f"fleet[{i}].hardware", group.hardware, names, "hardware profile"))
     if config.workload.generator is not None:
         name = config.workload.generator
         checks.append(("workload.generator", name, WORKLOADS.names(), "workload"))
@@ -224,7 +226,9 @@ def build_predictors(
     for e in endpoints:
         slowdown = (slowdowns or {}).get(e.name, 1.0)
         key = (e.model, e.hardware, e.num_gpus, e.spp_degree, e.kvp_degree, slowdown)
-        if key not in cache:
+        if key not in cache and is_measured_engine_ref(e.hardware):
+            cache[key] = endpoint_measured_predictor(e, slowdown)
+        elif key not in cache:
             cache[key] = make_predictor(
                 load_model_profile(e.model),
                 slowed_hardware(load_hardware_profile(e.hardware), slowdown),
