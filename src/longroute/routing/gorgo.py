@@ -23,7 +23,8 @@ reading of the seed's "queued tokens" as work waiting ahead of a new prompt,
 which the paper's weights, queue_weight 0.5, suit): only the uncached prompt
 tokens, released when the first token comes back (:meth:`on_first_token`,
 or at completion if it never does), so no output length is assumed (a proxy
-does not know it; the simulator's ``num_output_tokens`` is the true one).
+does not know it; ``num_output_tokens`` is an estimate, in the simulator as in the
+gateway).
 That mode needs its host to call :meth:`on_first_token`;
 :attr:`num_first_tokens_seen` shows whether it does. The weights are
 dimensionless (tokens per ms, tokens per queued token); they come from the

@@ -13,7 +13,8 @@ the request's priority (FCFS within a level by arrival); promotion of requests
 that wait long is the engine queue's aging (run the engines with ``stjf``,
 whose starvation levels sort ahead of every MLFQ level). Attained service is
 counted from completed stages' output tokens (``Request.num_output_tokens`` at
-completion: the true length in the simulator, ``max_tokens`` in the gateway).
+completion: the answer's length in the simulator, observed as it arrives; the
+expected length the request carried in the gateway).
 The program table is an LRU of at most ``max_programs`` workflows.
 """
 
