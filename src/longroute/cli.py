@@ -257,6 +257,7 @@ def _register_commands() -> None:
     from longroute.epp.cli import epp_command
     from longroute.fit_cli import fit_app
     from longroute.gateway.cli import serve_command
+    from longroute.profiling.cli import profile_command
     from longroute.sweep.cli import sweep_command
     from longroute.tune_cli import tune_command
 
@@ -267,6 +268,7 @@ def _register_commands() -> None:
     app.command("tune", cls=Command)(tune_command)
     app.command("sweep", cls=Command)(sweep_command)
     app.command("epp", cls=Command)(epp_command)
+    app.command("profile", cls=Command)(profile_command)
     app.add_typer(fit_app, name="fit")
 
 

@@ -1,0 +1,245 @@
+"""What ``longroute profile`` sends, and what it reads back: the measurement grid.
+
+Called once per run by :mod:`longroute.profiling.cli`, after the limits are known
+(:mod:`longroute.profiling.limits`). Phases, each request streamed with usage:
+
+1. **calibrate**: two prompts of random words, to learn tokens per word (and warm
+   the engine up; both are discarded).
+2. **prefill**: one request at a time (the engine otherwise idle), ``max_tokens``
+   1, prompts of random words (every prompt differs from its first word, so no
+   prefix cache hits) at lengths spread geometrically up to the largest prompt;
+   each length ``repeats`` times, shuffled. Held-out lengths (geometric midpoints,
+   once each) are measured the same way and only used to judge the fit.
+3. **cached prefill**: a prompt, then the same prompt again; the second TTFT with
+   ``usage.prompt_tokens_details.cached_tokens`` (skipped where not reported).
+4. **decode**: ``batch`` concurrent streams (1, 2, 4, ...) of equal prompt
+   length (short and long context), ``ignore_eos`` and ``decode_tokens`` each; a
+   stream's decode step is (last chunk - first chunk) / (completion tokens - 1),
+   which does not depend on how the server groups tokens into chunks; the batch's
+   step is the median over its streams.
+
+Token counts are always the engine's own (``usage``), never the word estimate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from longroute.profiling.client import Api, EngineClient, StreamResult, TargetError
+
+WORD_TEXT = (
+    "time year people way day man thing woman life child world school state family "
+    "student group country problem hand part place case week company system program "
+    "question work government number night point home water room mother area money "
+    "story fact month lot right study book eye job word business issue side kind head "
+    "house service friend father power hour game line end member law car city name "
+    "river stone garden window paper music table green quick small bright early"
+)
+WORDS = tuple(WORD_TEXT.split())
+MIN_PROMPT_TOKENS = 32
+SHORT_CONTEXT_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The grid: prompt lengths (target tokens), repeats, and the decode runs as
+    (batch, prompt tokens per stream)."""
+
+    prefill_tokens: tuple[int, ...]
+    holdout_tokens: tuple[int, ...]
+    repeats: int
+    cached_tokens: tuple[int, ...]
+    decode: tuple[tuple[int, int], ...]
+    decode_tokens: int
+
+    @property
+    def num_requests(self) -> int:
+        """Requests the plan sends (the progress bar's total)."""
+        decode = sum(batch for batch, _ in self.decode)
+        cached = 2 * len(self.cached_tokens)
+        return len(self.prefill_tokens) * self.repeats + len(self.holdout_tokens) + cached + decode
+
+
+def _geometric(lo: int, hi: int, num: int) -> list[float]:
+    if num == 1 or hi <= lo:
+        return [float(hi)]
+    ratio = (hi / lo) ** (1.0 / (num - 1))
+    return [lo * ratio**i for i in range(num)]
+
+
+def make_plan(max_prompt_tokens: int, kv_capacity_tokens: int, *, quick: bool) -> Plan:
+    """The grid for an engine whose prompts may hold ``max_prompt_tokens`` tokens.
+    ``quick``: fewer points and repeats (tests, a first look)."""
+    num_points, repeats = (6, 2) if quick else (12, 3)
+    hi = max(MIN_PROMPT_TOKENS + 1, max_prompt_tokens)
+    grid = _geometric(MIN_PROMPT_TOKENS, hi, num_points)
+    holdout = [math.sqrt(a * b) for a, b in itertools.pairwise(grid)]
+    decode_tokens = 24 if quick else 48
+    long_context = max(SHORT_CONTEXT_TOKENS * 2, hi // 2)
+    room = 0.8 * kv_capacity_tokens  # a batch that does not fit would queue, not decode
+    decode = [
+        (batch, context)
+        for context in (SHORT_CONTEXT_TOKENS, long_context)
+        for batch in (1, 2, 4, 8, 16)[: 4 if quick else 5]
+        if batch == 1 or batch * (context + decode_tokens) <= room
+    ]
+    cached = grid[1::2] if quick else grid[1:]
+    return Plan(
+        prefill_tokens=tuple(int(x) for x in grid),
+        holdout_tokens=tuple(int(x) for x in holdout),
+        repeats=repeats,
+        cached_tokens=tuple(int(x) for x in cached),
+        decode=tuple(decode),
+        decode_tokens=decode_tokens,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSample:
+    uncached_tokens: int
+    cached_tokens: int
+    ttft_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSample:
+    batch: int
+    context_tokens: int
+    step_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Measurements:
+    """Everything measured: training and held-out prefills, decode steps, and whether
+    the engine reported cached tokens at all."""
+
+    prefill: tuple[PrefillSample, ...]
+    holdout: tuple[PrefillSample, ...]
+    decode: tuple[DecodeSample, ...]
+    reports_cached_tokens: bool
+
+
+class Prompts:
+    """Random-word prompts of about a given number of tokens, none sharing a first block."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.tokens_per_word = 1.0
+        self.overhead_tokens = 0.0
+
+    def calibrate(self, words_a: int, tokens_a: int, words_b: int, tokens_b: int) -> None:
+        """Tokens per word and fixed tokens (template, BOS) from two measured prompts."""
+        self.tokens_per_word = max(0.05, (tokens_b - tokens_a) / (words_b - words_a))
+        self.overhead_tokens = max(0.0, tokens_a - words_a * self.tokens_per_word)
+
+    def words(self, num_words: int) -> str:
+        return " ".join(self.rng.choice(WORDS) for _ in range(max(1, num_words)))
+
+    def make(self, num_tokens: int) -> str:
+        num_words = round((num_tokens - self.overhead_tokens) / self.tokens_per_word)
+        return self.words(num_words)
+
+
+Progress = Callable[[str], None]
+
+
+async def _prefill(client: EngineClient, api: Api, prompt: str) -> StreamResult:
+    return await client.stream(prompt, 1, api)
+
+
+async def calibrate(client: EngineClient, api: Api, prompts: Prompts) -> None:
+    """Phase 1 (module doc): tokens per word from two prompts, which also warm up."""
+    small, large = 64, 512
+    a = await _prefill(client, api, prompts.words(small))
+    b = await _prefill(client, api, prompts.words(large))
+    prompts.calibrate(small, a.num_prompt_tokens, large, b.num_prompt_tokens)
+
+
+async def measure(
+    client: EngineClient,
+    api: Api,
+    plan: Plan,
+    prompts: Prompts,
+    rng: random.Random,
+    progress: Progress,
+) -> Measurements:
+    """Run ``plan`` against ``client`` with ``prompts`` (calibrated: :func:`calibrate`),
+    phases 2-4 of the module doc; ``progress`` after every request."""
+    jobs = [(n, True) for n in plan.prefill_tokens for _ in range(plan.repeats)]
+    jobs += [(n, False) for n in plan.holdout_tokens]
+    rng.shuffle(jobs)
+    train: list[PrefillSample] = []
+    holdout: list[PrefillSample] = []
+    for n, is_train in jobs:
+        r = await _prefill(client, api, prompts.make(n))
+        (train if is_train else holdout).append(_sample(r))
+        progress("prefill")
+    reports_cached = await _cached(client, api, plan, prompts, train, progress)
+    decode = [
+        await _decode(client, api, prompts, batch, context, plan.decode_tokens, progress)
+        for batch, context in plan.decode
+    ]
+    return Measurements(tuple(train), tuple(holdout), tuple(decode), reports_cached)
+
+
+def _sample(r: StreamResult) -> PrefillSample:
+    cached = r.num_cached_tokens or 0
+    return PrefillSample(r.num_prompt_tokens - cached, cached, r.ttft_s)
+
+
+async def _cached(
+    client: EngineClient,
+    api: Api,
+    plan: Plan,
+    prompts: Prompts,
+    train: list[PrefillSample],
+    progress: Progress,
+) -> bool:
+    """The same prompt twice per cached length; adds both to ``train``. Whether the
+    engine reported ``cached_tokens`` on the second."""
+    reports = False
+    for n in plan.cached_tokens:
+        prompt = prompts.make(n)
+        first = await _prefill(client, api, prompt)
+        train.append(_sample(first))
+        progress("cached prefill")
+        again = await _prefill(client, api, prompt)
+        progress("cached prefill")
+        if again.num_cached_tokens is not None:
+            reports = True
+            train.append(_sample(again))
+    return reports
+
+
+async def _decode(
+    client: EngineClient,
+    api: Api,
+    prompts: Prompts,
+    batch: int,
+    context_tokens: int,
+    num_tokens: int,
+    progress: Progress,
+) -> DecodeSample:
+    async def one() -> StreamResult:
+        result = await client.stream(prompts.make(context_tokens), num_tokens, api)
+        progress(f"decode x{batch}")
+        return result
+
+    results = await asyncio.gather(*(one() for _ in range(batch)))
+    steps = []
+    for r in results:
+        if r.num_completion_tokens < 2 or r.num_chunks < 2:
+            raise TargetError(
+                f"asked {num_tokens} tokens with ignore_eos, got {r.num_completion_tokens} in "
+                f"{r.num_chunks} chunk(s): the decode steps cannot be timed"
+            )
+        steps.append((r.last_token_s - r.ttft_s) / (r.num_completion_tokens - 1))
+    prompt_tokens = sum(r.num_prompt_tokens for r in results)
+    context = prompt_tokens + batch * (num_tokens // 2)
+    return DecodeSample(batch, context, statistics.median(steps))
