@@ -119,3 +119,49 @@ def test_a_dropped_subscription_leaves_the_backend_approximate() -> None:
         assert truth.stats() == {}
 
     asyncio.run(run())
+
+
+def test_settle_applies_events_already_waiting_in_the_socket() -> None:
+    """Events an engine published just before its answer may sit in the subscriber's
+    socket when the next request comes; ``settle`` lets the loop apply them first."""
+    import time
+
+    import zmq
+    import zmq.asyncio
+
+    from longroute.prefix.kv_wire import encode_message
+
+    async def run() -> None:
+        context = zmq.asyncio.Context()
+        pub = context.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        index = PrecisePrefixIndex(["b0"], 1000)
+        truth = EngineTruth(index, BLOCK, 30.0)
+        config = BackendConfig(
+            name="b0",
+            url="http://127.0.0.1:9",
+            model="m",
+            kv_events={"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"},  # type: ignore[arg-type]
+        )
+        await truth.set_backends({"b0": build_backend(config, None)})
+        try:
+            sequence = 0
+            while not truth.is_precise("b0") and sequence < 50:  # ZeroMQ's slow joiner
+                # a clear then the blocks: a complete history whichever batch arrives first
+                events = (AllBlocksCleared(), *stored(sequence).events)
+                await pub.send_multipart(encode_message("kv", KVEventBatch(sequence, 0.0, events)))
+                await asyncio.sleep(0.02)
+                sequence += 1
+            assert truth.predicted_cached_tokens("b0", request()) == 12
+            removed = KVEventBatch(sequence, 0.0, (BlockRemoved((2,)),), 0)
+            await pub.send_multipart(encode_message("kv", removed))
+            time.sleep(0.05)  # it reaches the socket; the loop has not run since
+            await truth.settle("b0")
+            assert truth.predicted_cached_tokens("b0", request()) == 4  # blocks 2, 3 gone
+        finally:
+            await truth.close()
+            pub.close()
+            context.term()
+
+    asyncio.run(asyncio.wait_for(run(), 30))

@@ -91,19 +91,22 @@ def decode_events(*events: Any) -> DecodedMessage:
 # --- vLLM 0.32's own encoding ---------------------------------------------------
 
 
+FULL = "full_attention"  # the cache-spec kind vLLM 0.32 stamps on a dense model's stores
+
+
 def test_decodes_what_vllm_032_encodes() -> None:
     first, second, third = (decode_payload(p, sequence=i) for i, p in enumerate(vllm_payloads()))
     assert first.batch.ts_s == 1700000000.25
     assert first.batch.data_parallel_rank == 0
     assert first.batch.events == (
-        BlockStored((11, 2**64 - 1), None, tuple(range(8)), 4, "GPU", None, 0),
-        BlockStored((13,), 2**64 - 1, (8, 9, 10, 11), 4, "GPU", None, 0),
+        BlockStored((11, 2**64 - 1), None, tuple(range(8)), 4, "GPU", None, 0, FULL),
+        BlockStored((13,), 2**64 - 1, (8, 9, 10, 11), 4, "GPU", None, 0, FULL),
     )
     assert second.batch.events == (
-        BlockStored((SHA_A,), None, (100, 101, 102, 103), 4, "GPU", None, 0),
+        BlockStored((SHA_A,), None, (100, 101, 102, 103), 4, "GPU", None, 0, FULL),
         BlockRemoved((SHA_A,), "GPU", 0),
-        BlockStored((SHA_B,), None, (7, 7, 7, 7), 4, "GPU", "adapter-1", 0),
-        BlockStored((SHA_B,), SHA_A, (5, 6), 2, "GPU", None, 0),  # a partial block
+        BlockStored((SHA_B,), None, (7, 7, 7, 7), 4, "GPU", "adapter-1", 0, FULL),
+        BlockStored((SHA_B,), SHA_A, (5, 6), 2, "GPU", None, 0, FULL),  # a partial block
         AllBlocksCleared(),
     )
     assert third.batch.data_parallel_rank is None
@@ -129,6 +132,7 @@ def test_encoder_writes_vllm_032_bytes_exactly() -> None:
         "lora_name",
         "extra_keys",
         "group_idx",
+        "kv_cache_spec_kind",
     ]
 
 

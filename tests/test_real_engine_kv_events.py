@@ -79,10 +79,6 @@ TEST_TIMEOUT_S = 420.0
 # answer; a next request sent at once is then predicted on the state before them. Back to
 # back (no pause) 2 of 25 requests after the restart were off by that, in two runs.
 THINK_S = 0.1
-# keys live vLLM 0.32 publishes that the emulator (prefix/kv_wire.py's encoder, checked
-# against a fixture made with vLLM's msgspec classes, where it is left at None) does not:
-# BlockStored's kv_cache_spec_kind ("full_attention" for this model). The decoder ignores it.
-EMULATOR_MISSING_KEYS = frozenset({"kv_cache_spec_kind"})
 
 
 # ---- vLLM, restartable on the same ports -----------------------------------------------
@@ -376,13 +372,8 @@ def test_vllm_messages_have_the_structure_the_decoder_and_the_emulator_use(
     assert set(theirs) == set(mine) == {
         "BlockStored", "BlockStored+parent", "BlockRemoved", "AllBlocksCleared"
     }  # fmt: skip
-    for kind, structure in theirs.items():
-        gaps = [(key, value) for key, value in structure if key in EMULATOR_MISSING_KEYS]
-        if kind.startswith("BlockStored"):
-            assert gaps == [("kv_cache_spec_kind", "str")], structure  # vLLM's, seen live
-        # the rest is the emulator's structure key by key, in order; when the emulator
-        # publishes a missing key, this fails: take it out of EMULATOR_MISSING_KEYS
-        assert mine[kind] == [item for item in structure if item not in gaps], kind
+    for kind, structure in theirs.items():  # key by key, in order, with the value types
+        assert mine[kind] == structure, kind
 
 
 async def _vllm_messages(vllm: RestartableVllm) -> list[list[bytes]]:

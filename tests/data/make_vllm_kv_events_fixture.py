@@ -32,6 +32,9 @@ def stored(hashes, parent, tokens, lora_name=None, extra_keys=None, group_idx=0,
         lora_name=lora_name,
         extra_keys=extra_keys if extra_keys is not None else [None] * len(hashes),
         group_idx=group_idx,
+        # EngineCore stamps each store with its group's cache-spec kind (live vLLM 0.32
+        # sends "full_attention" for a dense model)
+        kv_cache_spec_kind="full_attention",
         session_id=None,
     )
 

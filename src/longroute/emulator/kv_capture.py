@@ -117,6 +117,7 @@ class KvEventCapture:
             block_size_tokens=bs,
             medium=MEDIUM_GPU,
             lora_name=None,
+            kv_cache_spec_kind="full_attention",  # as vLLM 0.32 says of a dense model
         )
         self._add(event)
 

@@ -34,6 +34,8 @@ from longroute.types import Request
 
 log = logging.getLogger("longroute.gateway.kv_events")
 
+SETTLE_TURNS = 3  # select, wake the receive task, run it (see EngineTruth.settle)
+
 
 @dataclass(slots=True)
 class _Watch:
@@ -114,6 +116,17 @@ class EngineTruth:
                     )
 
     # ---- the proxy's calls ----------------------------------------------------------
+    async def settle(self, backend: str) -> None:
+        """Lets the event loop apply what ``backend``'s engine already published before a
+        prediction: an engine publishes a step's events beside that step's output, on
+        another socket, so the events of a previous answer's last steps (a block it filled,
+        one it evicted) may be waiting in the subscriber's socket when the next request
+        comes. Three loop turns: the socket's reader wakes the receive task, which applies
+        them (a few microseconds; only for precise backends)."""
+        if self.is_precise(backend):
+            for _ in range(SETTLE_TURNS):
+                await asyncio.sleep(0)
+
     def predicted_cached_tokens(self, backend: str, request: Request) -> int | None:
         """What ``backend`` will report as cached for ``request`` (vLLM's rule), predicted
         before dispatch; None where the backend is not precise. Counts the dispatch."""

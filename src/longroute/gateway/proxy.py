@@ -348,6 +348,7 @@ class Proxy:
                 body = job.body_for(backend)
                 truth = self.engine_truth
                 if truth is not None:  # before dispatch: what its cache will serve
+                    await truth.settle(backend.name)
                     job.trace.predicted_cached_tokens = truth.predicted_cached_tokens(
                         backend.name, request
                     )

@@ -45,6 +45,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
         "lora_name",
         "extra_keys",
         "group_idx",
+        "kv_cache_spec_kind",
     ),
     "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
@@ -175,6 +176,9 @@ def _block_stored(fields: dict[str, Any], where: str) -> BlockStored | Skipped:
         medium=_optional_name(fields.get("medium"), f"{where}: medium"),
         lora_name=lora_name,
         group_idx=_group_idx(fields.get("group_idx"), where),
+        kv_cache_spec_kind=_optional_name(
+            fields.get("kv_cache_spec_kind"), f"{where}: kv_cache_spec_kind"
+        ),
     )
 
 

@@ -42,6 +42,9 @@ class BlockStored:
     # vLLM's KV-cache group (hybrid models have several; engines before the
     # field existed had one, group 0). The same hash may live in several groups.
     group_idx: int = 0
+    # vLLM 0.32's cache-spec metadata of the group ("full_attention", "sliding_window",
+    # ...); None where the engine does not say
+    kv_cache_spec_kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

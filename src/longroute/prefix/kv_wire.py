@@ -245,6 +245,8 @@ def _encode_stored(event: BlockStored, positional: bool) -> dict[str, Any] | lis
         return list(fields.values())
     fields["extra_keys"] = [per_block] * len(event.block_hashes)
     fields["group_idx"] = event.group_idx
+    if event.kv_cache_spec_kind is not None:  # msgspec omits a None default
+        fields["kv_cache_spec_kind"] = event.kv_cache_spec_kind
     return fields
 
 
