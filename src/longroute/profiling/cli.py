@@ -36,7 +36,7 @@ def profile_command(
         Path, typer.Option("--output", "-o", help="Where to write the measured profile (YAML).")
     ] = Path("engine.yaml"),
     quick: Annotated[
-        bool, typer.Option(help="A reduced grid (6 lengths x 2, batches to 8): a first look.")
+        bool, typer.Option(help="A reduced grid (6 lengths x 5, batches to 8): a first look.")
     ] = False,
     max_prompt_tokens: Annotated[
         int, typer.Option(help="Longest prompt measured (also capped at 90% of the limit).")

@@ -59,13 +59,16 @@ def _usage(obj: dict[str, Any]) -> tuple[int, int | None, int] | None:
     return prompt, cached if isinstance(cached, int) and cached >= 0 else None, completion
 
 
-def _has_content(obj: dict[str, Any], api: Api) -> bool:
+def _has_token(obj: dict[str, Any], api: Api) -> bool:
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return False
+    choice = choices[0]
+    if choice.get("finish_reason"):  # a token came, though it may decode to no text
+        return True
     if api == "completions":
-        return bool(choices[0].get("text"))
-    delta = choices[0].get("delta")
+        return bool(choice.get("text"))
+    delta = choice.get("delta")  # a role-only first delta is not a token
     return isinstance(delta, dict) and bool(delta.get("content"))
 
 
@@ -166,7 +169,7 @@ class EngineClient:
                     raise TargetError(f"{path}: an SSE event is not JSON: {_short(data)}") from None
                 if not isinstance(obj, dict):
                     raise TargetError(f"{path}: an SSE event is not an object: {_short(data)}")
-                if _has_content(obj, api):
+                if _has_token(obj, api):
                     first_s = now_s if first_s is None else first_s
                     last_s, num_chunks = now_s, num_chunks + 1
                 usage = _usage(obj) or usage

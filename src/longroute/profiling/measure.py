@@ -8,8 +8,8 @@ Called once per run by :mod:`longroute.profiling.cli`, after the limits are know
 2. **prefill**: one request at a time (the engine otherwise idle), ``max_tokens``
    1, prompts of random words (every prompt differs from its first word, so no
    prefix cache hits) at lengths spread geometrically up to the largest prompt;
-   each length ``repeats`` times, shuffled. Held-out lengths (geometric midpoints,
-   once each) are measured the same way and only used to judge the fit.
+   each length ``repeats`` times, shuffled, and the median kept per length. Held-out
+   lengths (geometric midpoints) are measured the same way and only judge the fit.
 3. **cached prefill**: a prompt, then the same prompt again; the second TTFT with
    ``usage.prompt_tokens_details.cached_tokens`` (skipped where not reported).
 4. **decode**: ``batch`` concurrent streams (1, 2, 4, ...) of equal prompt
@@ -27,6 +27,7 @@ import asyncio
 import itertools
 import math
 import random
+import secrets
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,7 +64,8 @@ class Plan:
         """Requests the plan sends (the progress bar's total)."""
         decode = sum(batch for batch, _ in self.decode)
         cached = 2 * len(self.cached_tokens)
-        return len(self.prefill_tokens) * self.repeats + len(self.holdout_tokens) + cached + decode
+        prefill = (len(self.prefill_tokens) + len(self.holdout_tokens)) * self.repeats
+        return prefill + cached + decode
 
 
 def _geometric(lo: int, hi: int, num: int) -> list[float]:
@@ -76,7 +78,7 @@ def _geometric(lo: int, hi: int, num: int) -> list[float]:
 def make_plan(max_prompt_tokens: int, kv_capacity_tokens: int, *, quick: bool) -> Plan:
     """The grid for an engine whose prompts may hold ``max_prompt_tokens`` tokens.
     ``quick``: fewer points and repeats (tests, a first look)."""
-    num_points, repeats = (6, 2) if quick else (12, 3)
+    num_points, repeats = (6, 5) if quick else (12, 7)
     hi = max(MIN_PROMPT_TOKENS + 1, max_prompt_tokens)
     grid = _geometric(MIN_PROMPT_TOKENS, hi, num_points)
     holdout = [math.sqrt(a * b) for a, b in itertools.pairwise(grid)]
@@ -126,20 +128,29 @@ class Measurements:
 
 
 class Prompts:
-    """Random-word prompts of about a given number of tokens, none sharing a first block."""
+    """Random-word prompts of about a given number of tokens, none sharing a first block.
 
-    def __init__(self, rng: random.Random) -> None:
+    ``rng`` picks the words; every prompt starts with ``nonce`` (fresh per run unless
+    given) and a counter, so no prompt repeats another of this run or of an earlier run
+    against the same engine (whose prefix cache still holds those)."""
+
+    def __init__(self, rng: random.Random, nonce: str | None = None) -> None:
         self.rng = rng
+        self.nonce = secrets.token_hex(4) if nonce is None else nonce
+        self.num_made = 0
         self.tokens_per_word = 1.0
         self.overhead_tokens = 0.0
 
     def calibrate(self, words_a: int, tokens_a: int, words_b: int, tokens_b: int) -> None:
-        """Tokens per word and fixed tokens (template, BOS) from two measured prompts."""
+        """Tokens per word and fixed tokens (template, BOS, nonce) from two prompts."""
         self.tokens_per_word = max(0.05, (tokens_b - tokens_a) / (words_b - words_a))
         self.overhead_tokens = max(0.0, tokens_a - words_a * self.tokens_per_word)
 
     def words(self, num_words: int) -> str:
-        return " ".join(self.rng.choice(WORDS) for _ in range(max(1, num_words)))
+        """A unique prompt: the nonce, a counter and ``num_words`` random words."""
+        self.num_made += 1
+        body = " ".join(self.rng.choice(WORDS) for _ in range(max(1, num_words)))
+        return f"{self.nonce} {self.num_made} {body}"
 
     def make(self, num_tokens: int) -> str:
         num_words = round((num_tokens - self.overhead_tokens) / self.tokens_per_word)
@@ -172,20 +183,31 @@ async def measure(
     """Run ``plan`` against ``client`` with ``prompts`` (calibrated: :func:`calibrate`),
     phases 2-4 of the module doc; ``progress`` after every request."""
     jobs = [(n, True) for n in plan.prefill_tokens for _ in range(plan.repeats)]
-    jobs += [(n, False) for n in plan.holdout_tokens]
+    jobs += [(n, False) for n in plan.holdout_tokens for _ in range(plan.repeats)]
     rng.shuffle(jobs)
-    train: list[PrefillSample] = []
-    holdout: list[PrefillSample] = []
+    by_length: dict[tuple[int, bool], list[PrefillSample]] = {}
     for n, is_train in jobs:
         r = await _prefill(client, api, prompts.make(n))
-        (train if is_train else holdout).append(_sample(r))
+        by_length.setdefault((n, is_train), []).append(_sample(r))
         progress("prefill")
+    train = [_median(v) for (_, is_train), v in sorted(by_length.items()) if is_train]
+    holdout = [_median(v) for (_, is_train), v in sorted(by_length.items()) if not is_train]
     reports_cached = await _cached(client, api, plan, prompts, train, progress)
     decode = [
         await _decode(client, api, prompts, batch, context, plan.decode_tokens, progress)
         for batch, context in plan.decode
     ]
     return Measurements(tuple(train), tuple(holdout), tuple(decode), reports_cached)
+
+
+def _median(samples: list[PrefillSample]) -> PrefillSample:
+    """One point per length: the median of its repeats (a busy host only ever slows a
+    request down, and one slow repeat must not move the fit)."""
+    return PrefillSample(
+        int(statistics.median(s.uncached_tokens for s in samples)),
+        int(statistics.median(s.cached_tokens for s in samples)),
+        statistics.median(s.ttft_s for s in samples),
+    )
 
 
 def _sample(r: StreamResult) -> PrefillSample:
