@@ -225,21 +225,28 @@ def test_a_malformed_file_is_a_clear_error(tmp_path: Path, profiled: Profiled) -
 class FakeEngine:
     """A chat-only engine that either does not stream or streams without usage."""
 
-    mode: str  # "json" | "no-usage"
+    mode: str  # "json" | "no-usage" | "strict" (refuses ignore_eos, else streams usage)
     url: str = ""
 
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake", "max_model_len": 512}]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        await request.json()
+        body = await request.json()
         delta = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+        if self.mode == "strict" and "ignore_eos" in body:
+            error = {"error": {"message": "Unrecognized request argument: ignore_eos"}}
+            return web.json_response(error, status=400)
         if self.mode == "json":
             message = {"choices": [{"index": 0, "message": {"content": "hi"}}]}
             return web.json_response(message)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        await response.write(f"data: {json.dumps(delta)}\n\ndata: [DONE]\n\n".encode())
+        await response.write(f"data: {json.dumps(delta)}\n\n".encode())
+        if self.mode == "strict":
+            usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}
+            await response.write(f"data: {json.dumps(usage)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 
@@ -295,3 +302,14 @@ def test_a_target_that_does_not_stream_is_a_clean_error(tmp_path: Path) -> None:
 def test_a_target_without_usage_is_a_clean_error(tmp_path: Path) -> None:
     for engine in _serve(FakeEngine("no-usage")):
         _check_one_line_error(_cli(tmp_path, engine.url), "reports no usage")
+
+
+def test_a_target_that_refuses_ignore_eos_is_asked_without_it() -> None:
+    async def two_requests(url: str) -> tuple[bool, int, int]:
+        async with EngineClient(url, "fake") as client:
+            first = await client.stream("hello there", 1, "chat")
+            second = await client.stream("hello again", 1, "chat")
+            return client.sends_ignore_eos, first.num_prompt_tokens, second.num_prompt_tokens
+
+    for engine in _serve(FakeEngine("strict")):
+        assert asyncio.run(two_requests(engine.url)) == (False, 7, 7)

@@ -91,6 +91,7 @@ class EngineClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self.sends_ignore_eos = True  # off once the target refuses the field
 
     async def __aenter__(self) -> EngineClient:
         self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
@@ -121,8 +122,9 @@ class EngineClient:
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": 0.0,
-            "ignore_eos": True,  # vLLM/SGLang: generate exactly max_tokens
         }
+        if self.sends_ignore_eos:
+            body["ignore_eos"] = True  # vLLM/SGLang: generate exactly max_tokens
         if api == "completions":
             body["prompt"] = prompt
         else:
@@ -130,7 +132,19 @@ class EngineClient:
         return body
 
     async def stream(self, prompt: str, max_tokens: int, api: Api) -> StreamResult:
-        """One streamed request, timed; TargetError for anything but a usable stream."""
+        """One streamed request, timed; TargetError for anything but a usable stream.
+        A target that refuses ``ignore_eos`` (HTTP 400 naming it) is asked again
+        without it, and never sent it again."""
+        try:
+            return await self._stream(prompt, max_tokens, api)
+        except TargetError as exc:
+            text = str(exc)
+            if not (self.sends_ignore_eos and "HTTP 400" in text and "ignore_eos" in text):
+                raise
+        self.sends_ignore_eos = False
+        return await self._stream(prompt, max_tokens, api)
+
+    async def _stream(self, prompt: str, max_tokens: int, api: Api) -> StreamResult:
         path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
         start_s = time.perf_counter()
         try:
