@@ -313,3 +313,20 @@ def test_a_target_that_refuses_ignore_eos_is_asked_without_it() -> None:
 
     for engine in _serve(FakeEngine("strict")):
         assert asyncio.run(two_requests(engine.url)) == (False, 7, 7)
+
+
+def test_without_max_model_len_the_limit_is_probed() -> None:
+    from longroute.profiling.limits import probe_max_len
+
+    async def probe() -> int:
+        options = EmulatorOptions(profile=MODEL, port=0, speed=1000.0, max_model_len_tokens=3000)
+        runner, url = await start_emulator(options)
+        try:
+            async with EngineClient(url, MODEL) as client:
+                prompts = Prompts(random.Random(5))
+                await calibrate(client, "completions", prompts)
+                return await probe_max_len(client, "completions", prompts, 1 << 17)
+        finally:
+            await runner.cleanup()
+
+    assert 0.93 * 3000 <= asyncio.run(probe()) <= 3000

@@ -3,7 +3,7 @@
 Called once per run, before the grid is planned. ``max_model_len`` comes from the
 model's ``/v1/models`` entry (vLLM, SGLang and the emulator report it); without it
 the profiler probes: prompts of doubling length until the engine refuses one
-(HTTP 400), up to ``probe_limit_tokens``. KV capacity is vLLM's
+(HTTP 400), up to ``probe_limit_tokens``, then bisecting to within 5%. KV capacity is vLLM's
 ``vllm:cache_config_info`` labels ``num_gpu_blocks`` x ``block_size``; without
 them, the context limit, a lower bound (an engine must hold one longest
 sequence), and the file says so.
@@ -19,6 +19,7 @@ from longroute.profiling.client import Api, EngineClient, TargetError
 from longroute.profiling.measure import Prompts, calibrate
 
 PROBE_START_TOKENS = 1024
+MAX_BISECTIONS = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,21 +76,40 @@ async def choose_api(client: EngineClient) -> Api:
     return "completions"
 
 
+async def _accepts(client: EngineClient, api: Api, prompts: Prompts, n: int) -> int | None:
+    """Prompt tokens of a ``n``-token prompt the engine took, None when refused (400)."""
+    try:
+        result = await client.stream(prompts.make(n), 1, api)
+    except TargetError as exc:
+        if "HTTP 400" not in str(exc):
+            raise
+        return None
+    return result.num_prompt_tokens
+
+
 async def probe_max_len(client: EngineClient, api: Api, prompts: Prompts, limit: int) -> int:
-    """The longest prompt the engine accepts, by doubling until HTTP 400 (or ``limit``)."""
-    accepted, n = 0, PROBE_START_TOKENS
+    """About the longest prompt the engine accepts (plus its one output token): doubling
+    until HTTP 400 (or ``limit``), then bisection to within 5%. O(log limit) requests."""
+    accepted, refused, n = 0, None, PROBE_START_TOKENS
     while n <= limit:
-        try:
-            result = await client.stream(prompts.make(n), 1, api)
-        except TargetError as exc:
-            if "HTTP 400" not in str(exc):
-                raise
+        taken = await _accepts(client, api, prompts, n)
+        if taken is None:
+            refused = n
             break
-        accepted = result.num_prompt_tokens + 1
-        n *= 2
+        accepted, n = taken, n * 2
     if accepted == 0:
         raise TargetError(f"the engine refused a prompt of {PROBE_START_TOKENS} tokens")
-    return accepted
+    lo = accepted  # in target tokens: the word estimate may not move the counts
+    for _ in range(MAX_BISECTIONS):
+        if refused is None or refused <= 1.05 * lo:
+            break
+        mid = (lo + refused) // 2
+        taken = await _accepts(client, api, prompts, mid)
+        if taken is None:
+            refused = mid
+        else:
+            lo, accepted = mid, max(accepted, taken)
+    return accepted + 1
 
 
 async def discover(client: EngineClient, prompts: Prompts, probe_limit_tokens: int) -> Discovery:
