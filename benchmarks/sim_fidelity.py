@@ -1,0 +1,302 @@
+"""The simulator (and the emulator) held against real vLLM, end to end (issue 34, item 2).
+
+Real run: two vLLM 0.32 CPU engines serving the tiny model (prefix caching and
+chunked prefill on, the CPU defaults of 2,048 batched tokens, 128 sequences and
+128-token blocks given explicitly), each pinned with ``taskset`` to its own core,
+behind ``longroute serve`` (routers ``least-load`` and ``prefix-cache``), loaded by
+``longroute bench``'s open loop: multi-turn sessions (``long-sessions``, short
+contexts, shared system prompts, each turn resending the history) starting as a
+Poisson process, at a light load and at about 70% of a capacity derived from the
+profile. Each request's arrival, usage (prompt, cached, output tokens), TTFT, E2E and
+engine are recorded, and its prompt is tokenized by vLLM's ``/tokenize``.
+
+Simulated run: the same requests, replayed by the simulator (``run_scenario``, as
+``longroute simulate --trace`` does) from a native trace: each request at its own
+arrival time, with vLLM's prompt and output lengths and the hashes of its real
+prompt tokens' 128-token blocks, so the simulated prefix caches see the real reuse;
+two engines loaded from a profile that ``longroute profile`` measured against the
+same vLLM (once per benchmark run, or ``--profile engine.yaml``).
+
+Emulated run: the same bench (same seed, same schedule) against two ``longroute
+emulate`` processes with the measured profile, behind the same gateway.
+
+Every vLLM prefix cache is reset (``/reset_prefix_cache``, vLLM's dev mode) and a
+fresh gateway (empty router index) started before each run. Ends with one JSON line.
+
+    .venv/bin/python benchmarks/sim_fidelity.py [--quick] [--runs 3] [--profile engine.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import _fidelity_live as live
+from _fidelity_report import GOAL_METRICS, Metrics, goals, median_metrics, metrics, table
+from longroute.bench.options import BenchOptions
+from longroute.config import parse_scenario
+from longroute.estimators.measured_engine import MeasuredEngine, load_measured_engine
+from longroute.sim.scenario import check_names, run_scenario
+from longroute.workloads.registry import WORKLOADS
+from longroute.workloads.types import Workload
+
+ROUTERS = ("least-load", "prefix-cache")
+WORKLOAD_PARAMS: dict[str, Any] = {
+    "block_size_tokens": 64, "shared_prefix_fraction": 0.6, "num_system_prompts": 3,
+    "min_system_prompt_tokens": 128, "max_system_prompt_tokens": 384,
+    "median_context_tokens": 250.0, "context_sigma": 0.6, "min_context_tokens": 32,
+    "max_context_tokens": 700, "median_user_tokens": 40.0, "user_sigma": 0.8,
+    "max_user_tokens": 160, "median_output_tokens": 32.0, "output_sigma": 0.5,
+    "max_output_tokens": 96, "mean_turns": 3.0, "max_turns": 5, "mean_think_time_s": 1.0,
+    "max_prompt_tokens": 1400,
+}  # fmt: skip
+LIGHT_SHARE, HEAVY_SHARE = 0.2, 0.7
+Key = tuple[str, str]
+Cpu = dict[str, float]
+
+
+def workload(num_requests: int, seed: int) -> Workload:
+    return WORKLOADS.build("long-sessions", WORKLOAD_PARAMS, num_sessions=num_requests, seed=seed)
+
+
+def capacity_per_s(engine: MeasuredEngine, wl: Workload) -> float:
+    """Requests per second two engines serve one request at a time each (no batching
+    gain, so a lower bound): a request's prefill (its blocks seen before count as
+    cached) plus its decode steps at batch 1, from the profile; the API server's share
+    of the lone TTFT intercept does not hold the engine."""
+    seen: set[int] = set()
+    block = wl.block_size_tokens
+    busy_s = []
+    for session in wl.sessions:
+        for turn in session.turns:
+            hit = 0
+            for h in turn.block_hashes:
+                if h not in seen:
+                    break
+                hit += 1
+            seen.update(turn.block_hashes)
+            cached = min(hit * block, turn.num_prompt_tokens - 1)
+            prefill_s = engine.prefill.ttft_s(turn.num_prompt_tokens - cached, cached)
+            prefill_s -= engine.prefill.fixed_s - engine.decode.fixed_s
+            ctx = turn.num_prompt_tokens + turn.num_output_tokens // 2
+            decode_s = (turn.num_output_tokens - 1) * engine.decode.step_s(1, ctx)
+            busy_s.append(prefill_s + decode_s)
+    return 2.0 / (sum(busy_s) / len(busy_s))
+
+
+def simulate(trace: Path, engine_yaml: Path, router: str) -> Metrics:
+    data = {
+        "name": "sim-fidelity",
+        "seed": 0,
+        "network": {"router_region": "local", "rtt_ms": {"local": {"local": 0.0}}},
+        "fleet": [{
+            "name": "vllm", "model": "llama-3-8b", "hardware": str(engine_yaml),
+            "region": "local", "replicas": 2, "max_num_seqs": live.MAX_NUM_SEQS,
+            "max_num_batched_tokens": live.MAX_NUM_BATCHED_TOKENS,
+            "block_size_tokens": live.BLOCK_SIZE_TOKENS,
+            "max_model_len_tokens": live.MAX_MODEL_LEN_TOKENS,
+        }],
+        "workload": {"trace": str(trace)},
+        "routers": [router],
+    }  # fmt: skip
+    config = check_names(parse_scenario(data, "sim_fidelity"), "sim_fidelity")
+    result = run_scenario(config, routers=[router]).results[router]
+    return metrics(result.records)
+
+
+def _post(url: str) -> None:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as answer:
+        if not json.loads(answer.read()).get("success", True):
+            raise RuntimeError(f"{url} refused")
+
+
+def live_run(
+    engines: list[live.Proc], router: str, wl: Workload, opts: BenchOptions, out: Path,
+    tokenize: bool,
+) -> tuple[list[live.LiveRequest], dict[str, float]]:  # fmt: skip
+    """One bench run through a fresh gateway; CPU seconds used per process group."""
+    gateway = live.start_gateway(router, engines, out)
+    try:
+        cpu0 = {e.name: e.cpu_s() for e in [*engines, gateway]}
+        self0 = resource.getrusage(resource.RUSAGE_SELF)
+        start_s = time.perf_counter()
+        reqs, num_failed = live.run_bench(
+            gateway.url, wl, opts, engines[0].url if tokenize else None
+        )
+        wall_s = time.perf_counter() - start_s
+        self1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = {p.name: (p.cpu_s() - cpu0[p.name]) / wall_s for p in [*engines, gateway]}
+        cpu["client"] = (self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime) / wall_s
+        cpu["wall_s"] = wall_s
+        cpu["num_failed"] = float(num_failed)
+    finally:
+        live.stop_all([gateway])
+    return reqs, cpu
+
+
+def main() -> None:
+    args = _args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    num_requests = 100 if args.quick else args.requests
+    print(f"sim_fidelity: {num_requests} requests per run, {args.runs} run(s), routers "
+          f"{', '.join(ROUTERS)}; out {out}", flush=True)  # fmt: skip
+    live.wait_no_other_vllm()
+    engines = [live.start_vllm(f"vllm-{i}", i, out) for i in range(2)]
+    try:
+        live.wait_all(engines, out)
+        engine_yaml = _profile(args, engines[0], out)
+        engine = load_measured_engine(engine_yaml)
+        real, sim, cpus, plan = _real_and_sim(args, engines, engine, engine_yaml, out, num_requests)
+    finally:
+        live.stop_all(engines)
+    emu = {} if args.no_emulator else _emulated(args, engine_yaml, out, plan)
+    _report(args, real, sim, emu, cpus, plan, engine_yaml)
+
+
+def _profile(args: argparse.Namespace, engine: live.Proc, out: Path) -> Path:
+    if args.profile is not None:
+        return Path(args.profile).resolve()
+    path = out / "engine.yaml"
+    print(f"profiling {engine.url} (longroute profile --quick) ...", flush=True)
+    cmd = [str(Path(sys.executable).parent / "longroute"), "profile", "--target", engine.url,
+           "--model", live.MODEL, "--quick", "-o", str(path)]  # fmt: skip
+    import subprocess
+
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def _real_and_sim(
+    args: argparse.Namespace, engines: list[live.Proc], engine: MeasuredEngine,
+    engine_yaml: Path, out: Path, num_requests: int,
+) -> tuple[dict[Key, Metrics], dict[Key, Metrics], dict[Key, Cpu], dict[str, Any]]:  # fmt: skip
+    probe = workload(num_requests, args.seed)
+    capacity = capacity_per_s(engine, probe)
+    turns = sum(len(s.turns) for s in probe.sessions) / len(probe.sessions)
+    rates = {"light": LIGHT_SHARE * capacity, "70%": HEAVY_SHARE * capacity}
+    print(f"capacity (profile, no batching gain, 2 engines): {capacity:.2f} req/s; loads: "
+          + ", ".join(f"{k} {v:.2f} req/s" for k, v in rates.items())
+          + f" ({turns:.2f} turns per session)", flush=True)  # fmt: skip
+    real_runs: dict[Key, list[Metrics]] = {}
+    sim_runs: dict[Key, list[Metrics]] = {}
+    cpus: dict[Key, dict[str, float]] = {}
+    for run in range(args.runs):
+        seed = args.seed + run
+        wl = workload(num_requests, seed)
+        for load, rate in rates.items():
+            for router in ROUTERS:
+                for e in engines:
+                    _post(e.url + "/reset_prefix_cache")
+                opts = _options(rate / turns, seed, num_requests)
+                reqs, cpu = live_run(engines, router, wl, opts, out, tokenize=True)
+                trace = out / f"replay-{router}-{load.rstrip('%')}-{run}.jsonl"
+                live.write_replay_trace(reqs, trace)
+                key = (router, load)
+                real_runs.setdefault(key, []).append(metrics([r.record for r in reqs]))
+                sim_runs.setdefault(key, []).append(simulate(trace, engine_yaml, router))
+                cpus[key] = cpu
+                _progress("vLLM", run, key, real_runs[key][-1], sim_runs[key][-1], cpu)
+    plan = {"rates": rates, "turns": turns, "num_requests": num_requests}
+    real = {k: median_metrics(v) for k, v in real_runs.items()}
+    sim = {k: median_metrics(v) for k, v in sim_runs.items()}
+    return real, sim, cpus, plan
+
+
+def _emulated(
+    args: argparse.Namespace, engine_yaml: Path, out: Path, plan: dict[str, Any]
+) -> dict[Key, Metrics]:
+    runs: dict[Key, list[Metrics]] = {}
+    for run in range(args.runs):
+        seed = args.seed + run
+        wl = workload(plan["num_requests"], seed)
+        for load, rate in plan["rates"].items():
+            for router in ROUTERS:
+                emus = [live.start_emulator(f"vllm-{i}", i, engine_yaml, out) for i in range(2)]
+                try:
+                    live.wait_all(emus, out, timeout_s=60)
+                    opts = _options(rate / plan["turns"], seed, plan["num_requests"])
+                    reqs, cpu = live_run(emus, router, wl, opts, out, tokenize=False)
+                finally:
+                    live.stop_all(emus)
+                m = metrics([r.record for r in reqs])
+                runs.setdefault((router, load), []).append(m)
+                _progress("emulator", run, (router, load), m, None, cpu)
+    return {k: median_metrics(v) for k, v in runs.items()}
+
+
+def _options(session_rate: float, seed: int, num_requests: int) -> BenchOptions:
+    return BenchOptions(
+        rate_per_s=session_rate, seed=seed, num_requests=num_requests, ignore_eos=True,
+        timeout_s=120.0,
+    )  # fmt: skip
+
+
+def _progress(
+    what: str, run: int, key: Key, real: Metrics, sim: Metrics | None, cpu: dict[str, float]
+) -> None:
+    line = (f"run {run} {what:<8} {key[0]:<12} {key[1]:<5} n={real['num_requests']:.0f} "
+            f"ttft p50 {1000 * real['ttft_p50']:.0f}ms p90 {1000 * real['ttft_p90']:.0f}ms "
+            f"e2e p50 {1000 * real['e2e_p50']:.0f}ms "
+            f"hit {real['cache_hit_ratio']:.3f}")  # fmt: skip
+    if sim is not None:
+        line += f" | sim ttft p50 {1000 * sim['ttft_p50']:.0f}ms hit {sim['cache_hit_ratio']:.3f}"
+    print(line, flush=True)
+    print("    CPU (cores): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in cpu.items() if k not in ("wall_s", "num_failed"))
+        + f"; wall {cpu['wall_s']:.0f}s, failed {cpu['num_failed']:.0f}", flush=True)  # fmt: skip
+
+
+def _report(
+    args: argparse.Namespace, real: dict[Key, Metrics], sim: dict[Key, Metrics],
+    emu: dict[Key, Metrics], cpus: dict[Key, dict[str, float]], plan: dict[str, Any],
+    engine_yaml: Path,
+) -> None:  # fmt: skip
+    models = {"sim": sim, **({"emulator": emu} if emu else {})}
+    print()
+    print(table(f"median of {args.runs} run(s); err = (model - vLLM) / vLLM", real, models))
+    sim_goals = goals(real, sim)
+    print()
+    for metric in (*GOAL_METRICS, "router_ranking"):
+        g = sim_goals[metric]
+        worst = g.get("worst_error")
+        extra = f" worst {100 * worst:.1f}% at {g['worst_at']}" if isinstance(worst, float) else ""
+        print(f"goal {metric:<16} {'met' if g['met'] else 'MISSED'}{extra}")
+    summary = {
+        "benchmark": "sim_fidelity",
+        "runs": args.runs,
+        "num_requests_per_run": plan["num_requests"],
+        "quick": args.quick,
+        "loads_req_per_s": {k: round(v, 3) for k, v in plan["rates"].items()},
+        "profile": str(engine_yaml),
+        "goals": sim_goals,
+        "emulator_goals": goals(real, emu) if emu else None,
+        "cpu_cores": {"/".join(k): {n: round(v, 3) for n, v in c.items()} for k, c in cpus.items()},
+        "real": {"/".join(k): v for k, v in real.items()},
+        "sim": {"/".join(k): v for k, v in sim.items()},
+        "emulator": {"/".join(k): v for k, v in emu.items()},
+    }
+    print(json.dumps(summary, separators=(",", ":")))
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="100 requests per run (a smoke run)")
+    p.add_argument("--requests", type=int, default=300, help="requests per run (default 300)")
+    p.add_argument("--runs", type=int, default=1, help="runs; medians over them (default 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=Path, default=None, help="a measured engine.yaml to reuse")
+    p.add_argument("--no-emulator", action="store_true", help="skip the emulator's runs")
+    p.add_argument("--out", type=Path, default=Path("reports/sim_fidelity"))
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    main()
