@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from longroute.profiling.run import ProfileOptions, ProfileRun
 
 
+POOR_R2 = 0.9
+"""Below this R² (prefill or decode) the terminal says the fit is poor."""
+
+
 def _fail(message: str) -> typer.Exit:
     Console(stderr=True, soft_wrap=True).print(
         f"[bold red]error:[/] {escape(message)}", highlight=False
@@ -36,7 +40,7 @@ def profile_command(
         Path, typer.Option("--output", "-o", help="Where to write the measured profile (YAML).")
     ] = Path("engine.yaml"),
     quick: Annotated[
-        bool, typer.Option(help="A reduced grid (6 lengths x 5, batches to 8): a first look.")
+        bool, typer.Option(help="A reduced grid (6 lengths x 8, batches to 8): a first look.")
     ] = False,
     max_prompt_tokens: Annotated[
         int, typer.Option(help="Longest prompt measured (also capped at 90% of the limit).")
@@ -115,3 +119,9 @@ def print_profile(console: Console, engine: MeasuredEngine, reports_cached: bool
     table.add_row("max_model_len", f"{lim.max_model_len_tokens} tokens", "")
     table.add_row("KV capacity", f"{lim.kv_capacity_tokens} tokens", escape(lim.kv_capacity_source))
     console.print(table)
+    if min(p.r2, d.r2) < POOR_R2:
+        console.print(
+            f"[yellow]warning:[/] a poor fit (R² below {POOR_R2}): other work on the engine's "
+            "host or the network varies the times; measure again when it is quiet",
+            highlight=False,
+        )
