@@ -42,7 +42,8 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 ACCESS_FIELDS = {
     "time", "request_id", "key_id", "route", "model", "endpoint", "router", "attempts",
     "failovers", "status", "outcome", "error", "stream", "prompt_tokens", "cached_tokens",
-    "predicted_cached_tokens", "completion_tokens", "usage", "queue_ms", "ttft_ms", "e2e_ms", "decision_us",
+    "predicted_cached_tokens", "completion_tokens", "usage", "queue_ms", "ttft_ms", "e2e_ms",
+    "decision_us",
 }  # fmt: skip
 
 
