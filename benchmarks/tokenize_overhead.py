@@ -3,7 +3,9 @@
 For the precise prefix index the gateway tokenizes every chat request as the engine does
 (``features/tokenize.py``) and hashes its blocks. This times ``chat_prompt`` (render the
 chat template, look the conversation up in the prefix cache, tokenize what is new, chain
-the block hashes) on a conversation of about 32K tokens:
+the block hashes) and the lookup of its blocks in a precise prefix index of 8 engines
+that each reported holding the previous request's blocks, on a conversation of about 32K
+tokens:
 
 - **warm**: the conversation's previous request was seen; the new request adds the
   previous answer and a new user turn of a few hundred tokens (a different one each
@@ -39,11 +41,14 @@ from longroute.features.tokenize import (
     PrefixCacheLimits,
     PromptTokenizer,
 )
+from longroute.prefix.kv_events import BlockStored
+from longroute.prefix.precise_index import PrecisePrefixIndex
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_TOKENS = 32_768
 NEW_TURN_WORDS = 150  # a few hundred tokens with the previous answer
 BLOCK_SIZE_TOKENS = 16
+NUM_ENGINES = 8  # engines whose reported blocks each request is matched against
 WORDS = [
     "the",
     "a",
@@ -127,25 +132,48 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def engines_holding(tokenizer: PromptTokenizer, chat: Chat) -> PrecisePrefixIndex:
+    """A precise index of NUM_ENGINES engines that each reported, in a KV event, every
+    block of ``chat``'s prompt (engine hashes: ours, as the emulator publishes)."""
+    prompt = tokenizer.chat_prompt(chat)
+    hashes = prompt.block_hashes
+    tokens = tuple(prompt.token_ids[: len(hashes) * BLOCK_SIZE_TOKENS])
+    names = [f"e{i}" for i in range(NUM_ENGINES)]
+    index = PrecisePrefixIndex(names, 1_000_000)
+    for name in names:
+        index.set_precise(name, BLOCK_SIZE_TOKENS)
+        index.apply(name, [BlockStored(hashes, None, tokens, BLOCK_SIZE_TOKENS)])
+    return index
+
+
+def tokenize_and_match(
+    tokenizer: PromptTokenizer, index: PrecisePrefixIndex, chat: Chat
+) -> dict[str, int]:
+    """What the gateway does per request before routing: tokenize, then look it up."""
+    return index.match(tokenizer.chat_prompt(chat).block_hashes)
+
+
 def measure(
     make: Callable[[PrefixCacheLimits], PromptTokenizer], samples: int, seed: int
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     warm = make(PrefixCacheLimits())
     chat = long_conversation(warm, rng)
-    warm.chat_prompt(chat)  # the previous request: now cached
+    index = engines_holding(warm, chat)  # the previous request: now cached, and stored
     warm_ms, num_tokens = [], 0
     for _ in range(samples):
         answer = {"role": "assistant", "content": _words(rng, 60)}
         new = [*chat, answer, {"role": "user", "content": _words(rng, NEW_TURN_WORDS)}]
         fresh: Chat = json.loads(json.dumps(new))  # new str objects, as a parsed request has
-        warm_ms.append(_time_ms(functools.partial(warm.chat_prompt, fresh)))
+        warm_ms.append(_time_ms(functools.partial(tokenize_and_match, warm, index, fresh)))
         num_tokens = len(warm.chat_prompt(fresh).token_ids)
+    matched = tokenize_and_match(warm, index, fresh)
+    assert len(matched) == NUM_ENGINES, matched  # every engine holds the previous prompt
     cold = make(PrefixCacheLimits(max_entries=0))
     cold_ms = []
     for _ in range(max(20, samples // 10)):
         fresh = json.loads(json.dumps(chat))
-        cold_ms.append(_time_ms(functools.partial(cold.chat_prompt, fresh)))
+        cold_ms.append(_time_ms(functools.partial(tokenize_and_match, cold, index, fresh)))
     return {
         "num_prompt_tokens": num_tokens,
         "num_new_tokens": num_tokens - len(warm.chat_prompt(chat).token_ids),
