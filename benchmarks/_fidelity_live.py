@@ -16,15 +16,17 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from _harness import free_port, process_tree_cpu_s, start, stop, wait_ready
+from _harness import free_port, start, stop, wait_ready
 from longroute.bench.client import ChatClient, Completion, RequestFailure
 from longroute.bench.options import BenchOptions, Target
+from longroute.bench.prompts import prompt_text
 from longroute.bench.target_run import TargetRun
 from longroute.metrics.records import RequestRecord
 from longroute.workloads.types import Workload
@@ -91,7 +93,31 @@ class Proc:
     process: subprocess.Popen[bytes]
 
     def cpu_s(self) -> float:
-        return process_tree_cpu_s(self.process.pid) or 0.0
+        return tree_cpu_s(self.process.pid)
+
+
+def tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of ``root`` and all its descendants (vLLM's worker is a
+    grandchild of its API server), from /proc; 0 without /proc."""
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        parents[pid] = int(fields[1])
+        cpu[pid] = (int(fields[11]) + int(fields[12])) * tick_s
+    total_s = 0.0
+    for pid, seconds in cpu.items():
+        p = pid
+        while p not in (root, 0, 1) and p in parents:
+            p = parents[p]
+        if p == root:
+            total_s += seconds
+    return total_s
 
 
 def start_vllm(name: str, cpu: int, log_dir: Path) -> Proc:
@@ -115,7 +141,7 @@ def start_emulator(name: str, cpu: int, engine_yaml: Path, log_dir: Path) -> Pro
         str(MAX_NUM_BATCHED_TOKENS), "--prefix-block-tokens", str(BLOCK_SIZE_TOKENS),
         "--max-model-len", str(MAX_MODEL_LEN_TOKENS),
     ]  # fmt: skip
-    return Proc(name, f"http://{LOOPBACK}:{port}", start(cmd, log_dir / f"{name}.log"))
+    return Proc(name, f"http://{LOOPBACK}:{port}", start(cmd, log_dir / f"emulator-{name}.log"))
 
 
 def start_gateway(router: str, engines: Sequence[Proc], log_dir: Path) -> Proc:
@@ -179,7 +205,7 @@ class LiveRequest:
 
 async def _run(
     url: str, workload: Workload, options: BenchOptions
-) -> tuple[list[RequestRecord], list[list[dict[str, str]]], int]:
+) -> tuple[list[RequestRecord], list[list[dict[str, str]]], list[str]]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         client = RecordingClient(http, url, timeout_s=options.timeout_s)
@@ -187,7 +213,8 @@ async def _run(
         result = await run.run()
     records = list(result.records)
     assert len(records) == len(client.answered)
-    return records, client.answered, len(result.errors)
+    errors = [f"{e.request_id}: {e.status} {e.message[:120]}" for e in result.errors]
+    return records, client.answered, errors
 
 
 async def _tokenize(url: str, messages_list: list[list[dict[str, str]]]) -> list[tuple[int, ...]]:
@@ -201,12 +228,24 @@ async def _tokenize(url: str, messages_list: list[list[dict[str, str]]]) -> list
     return out
 
 
+def tokens_per_unit(url: str) -> float:
+    """The engine's tokens per workload token: vLLM's /tokenize count of the bench's
+    text for a 2,000-token workload prompt."""
+    text = prompt_text((), 2000, 32, "calibration")
+    body = json.dumps({"model": MODEL, "prompt": text}).encode()
+    req = urllib.request.Request(
+        url + "/tokenize", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as answer:
+        return int(json.loads(answer.read())["count"]) / 2000
+
+
 def run_bench(
     url: str, workload: Workload, options: BenchOptions, tokenize_url: str | None
-) -> tuple[list[LiveRequest], int]:
+) -> tuple[list[LiveRequest], list[str]]:
     """The bench's open loop against ``url``; prompts tokenized by ``tokenize_url``'s vLLM.
-    Returns the answered requests in arrival order and the number of failed ones."""
-    records, messages, num_failed = asyncio.run(_run(url, workload, options))
+    Returns the answered requests in arrival order and what failed (one line each)."""
+    records, messages, errors = asyncio.run(_run(url, workload, options))
     ids: list[tuple[int, ...] | None] = [None] * len(records)
     if tokenize_url is not None:
         ids = list(asyncio.run(_tokenize(tokenize_url, messages)))
@@ -215,7 +254,7 @@ def run_bench(
         LiveRequest(r, turns[r.request_id].num_output_tokens, p)
         for r, p in zip(records, ids, strict=True)
     ]
-    return sorted(live, key=lambda x: x.record.arrival_s), num_failed
+    return sorted(live, key=lambda x: x.record.arrival_s), errors
 
 
 def block_hashes(ids: Sequence[int], block_size_tokens: int) -> list[int]:

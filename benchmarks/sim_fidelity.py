@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import _fidelity_live as live
+from _fidelity_probe import probe, probe_table
 from _fidelity_report import GOAL_METRICS, Metrics, goals, median_metrics, metrics, table
 from longroute.bench.options import BenchOptions
 from longroute.config import parse_scenario
@@ -47,14 +48,16 @@ from longroute.workloads.registry import WORKLOADS
 from longroute.workloads.types import Workload
 
 ROUTERS = ("least-load", "prefix-cache")
+# sizes in the bench's text units (4 characters a token); the tiny model's tokenizer
+# counts about twice as many tokens in the same text (measured at start-up and printed)
 WORKLOAD_PARAMS: dict[str, Any] = {
-    "block_size_tokens": 64, "shared_prefix_fraction": 0.6, "num_system_prompts": 3,
-    "min_system_prompt_tokens": 128, "max_system_prompt_tokens": 384,
-    "median_context_tokens": 250.0, "context_sigma": 0.6, "min_context_tokens": 32,
-    "max_context_tokens": 700, "median_user_tokens": 40.0, "user_sigma": 0.8,
-    "max_user_tokens": 160, "median_output_tokens": 32.0, "output_sigma": 0.5,
+    "block_size_tokens": 32, "shared_prefix_fraction": 0.6, "num_system_prompts": 3,
+    "min_system_prompt_tokens": 64, "max_system_prompt_tokens": 192,
+    "median_context_tokens": 125.0, "context_sigma": 0.6, "min_context_tokens": 16,
+    "max_context_tokens": 350, "median_user_tokens": 20.0, "user_sigma": 0.8,
+    "max_user_tokens": 80, "median_output_tokens": 32.0, "output_sigma": 0.5,
     "max_output_tokens": 96, "mean_turns": 3.0, "max_turns": 5, "mean_think_time_s": 1.0,
-    "max_prompt_tokens": 1400,
+    "max_prompt_tokens": 700,
 }  # fmt: skip
 LIGHT_SHARE, HEAVY_SHARE = 0.2, 0.7
 Key = tuple[str, str]
@@ -65,11 +68,12 @@ def workload(num_requests: int, seed: int) -> Workload:
     return WORKLOADS.build("long-sessions", WORKLOAD_PARAMS, num_sessions=num_requests, seed=seed)
 
 
-def capacity_per_s(engine: MeasuredEngine, wl: Workload) -> float:
+def capacity_per_s(engine: MeasuredEngine, wl: Workload, tokens_per_unit: float) -> float:
     """Requests per second two engines serve one request at a time each (no batching
     gain, so a lower bound): a request's prefill (its blocks seen before count as
     cached) plus its decode steps at batch 1, from the profile; the API server's share
-    of the lone TTFT intercept does not hold the engine."""
+    of the lone TTFT intercept does not hold the engine. Prompt sizes are the workload's
+    times ``tokens_per_unit`` (the engine's tokens per workload token)."""
     seen: set[int] = set()
     block = wl.block_size_tokens
     busy_s = []
@@ -81,10 +85,11 @@ def capacity_per_s(engine: MeasuredEngine, wl: Workload) -> float:
                     break
                 hit += 1
             seen.update(turn.block_hashes)
-            cached = min(hit * block, turn.num_prompt_tokens - 1)
-            prefill_s = engine.prefill.ttft_s(turn.num_prompt_tokens - cached, cached)
+            num_prompt = round(turn.num_prompt_tokens * tokens_per_unit)
+            cached = min(round(hit * block * tokens_per_unit), num_prompt - 1)
+            prefill_s = engine.prefill.ttft_s(num_prompt - cached, cached)
             prefill_s -= engine.prefill.fixed_s - engine.decode.fixed_s
-            ctx = turn.num_prompt_tokens + turn.num_output_tokens // 2
+            ctx = num_prompt + turn.num_output_tokens // 2
             decode_s = (turn.num_output_tokens - 1) * engine.decode.step_s(1, ctx)
             busy_s.append(prefill_s + decode_s)
     return 2.0 / (sum(busy_s) / len(busy_s))
@@ -127,15 +132,15 @@ def live_run(
         cpu0 = {e.name: e.cpu_s() for e in [*engines, gateway]}
         self0 = resource.getrusage(resource.RUSAGE_SELF)
         start_s = time.perf_counter()
-        reqs, num_failed = live.run_bench(
-            gateway.url, wl, opts, engines[0].url if tokenize else None
-        )
+        reqs, errors = live.run_bench(gateway.url, wl, opts, engines[0].url if tokenize else None)
         wall_s = time.perf_counter() - start_s
         self1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = {p.name: (p.cpu_s() - cpu0[p.name]) / wall_s for p in [*engines, gateway]}
         cpu["client"] = (self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime) / wall_s
         cpu["wall_s"] = wall_s
-        cpu["num_failed"] = float(num_failed)
+        cpu["num_failed"] = float(len(errors))
+        for line in errors[:3]:
+            print(f"    failed: {line}", flush=True)
     finally:
         live.stop_all([gateway])
     return reqs, cpu
@@ -155,6 +160,13 @@ def main() -> None:
         engine_yaml = _profile(args, engines[0], out)
         engine = load_measured_engine(engine_yaml)
         real, sim, cpus, plan = _real_and_sim(args, engines, engine, engine_yaml, out, num_requests)
+        gateway = live.start_gateway("least-load", engines, out)
+        try:
+            lone = probe(engines[0].url, gateway.url, live.MODEL)
+        finally:
+            live.stop_all([gateway])
+        print(probe_table(lone, engine), flush=True)
+        plan["lone_ttft"] = {k: {str(n): v for n, v in row.items()} for k, row in lone.items()}
     finally:
         live.stop_all(engines)
     emu = {} if args.no_emulator else _emulated(args, engine_yaml, out, plan)
@@ -179,7 +191,9 @@ def _real_and_sim(
     engine_yaml: Path, out: Path, num_requests: int,
 ) -> tuple[dict[Key, Metrics], dict[Key, Metrics], dict[Key, Cpu], dict[str, Any]]:  # fmt: skip
     probe = workload(num_requests, args.seed)
-    capacity = capacity_per_s(engine, probe)
+    ratio = live.tokens_per_unit(engines[0].url)
+    print(f"the engine's tokenizer: {ratio:.2f} tokens per workload token", flush=True)
+    capacity = capacity_per_s(engine, probe, ratio)
     turns = sum(len(s.turns) for s in probe.sessions) / len(probe.sessions)
     rates = {"light": LIGHT_SHARE * capacity, "70%": HEAVY_SHARE * capacity}
     print(f"capacity (profile, no batching gain, 2 engines): {capacity:.2f} req/s; loads: "
@@ -204,7 +218,7 @@ def _real_and_sim(
                 sim_runs.setdefault(key, []).append(simulate(trace, engine_yaml, router))
                 cpus[key] = cpu
                 _progress("vLLM", run, key, real_runs[key][-1], sim_runs[key][-1], cpu)
-    plan = {"rates": rates, "turns": turns, "num_requests": num_requests}
+    plan = {"rates": rates, "turns": turns, "num_requests": num_requests, "ratio": ratio}
     real = {k: median_metrics(v) for k, v in real_runs.items()}
     sim = {k: median_metrics(v) for k, v in sim_runs.items()}
     return real, sim, cpus, plan
@@ -274,10 +288,13 @@ def _report(
         "runs": args.runs,
         "num_requests_per_run": plan["num_requests"],
         "quick": args.quick,
+        "tokens_per_workload_token": round(plan["ratio"], 3),
+        "capacity_note": "two engines, one request at a time each, from the profile",
         "loads_req_per_s": {k: round(v, 3) for k, v in plan["rates"].items()},
         "profile": str(engine_yaml),
         "goals": sim_goals,
         "emulator_goals": goals(real, emu) if emu else None,
+        "lone_ttft_tokens_s": plan.get("lone_ttft"),
         "cpu_cores": {"/".join(k): {n: round(v, 3) for n, v in c.items()} for k, c in cpus.items()},
         "real": {"/".join(k): v for k, v in real.items()},
         "sim": {"/".join(k): v for k, v in sim.items()},
