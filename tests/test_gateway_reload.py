@@ -274,9 +274,11 @@ def test_what_a_reload_does_not_change_keeps_its_state(tmp_path: Path) -> None:
         reuse = {"enabled": True}
         async with reloadable(tmp_path, {"a": a, "b": b}, ["a"], context_reuse=reuse) as g:
             context, router = g.gateway.wiring.context, g.gateway.router
+            lengths = g.gateway.wiring.requests.lengths  # what answers taught of lengths
             g.write(["a", "b"], context_reuse=reuse)
             assert (await g.reload())[0] == 200
             assert g.gateway.wiring.context is context and g.gateway.router is router
+            assert g.gateway.wiring.requests.lengths is lengths
             g.write(["a", "b"], context_reuse={**reuse, "max_documents": 8})
             assert (await g.reload())[0] == 200
             assert g.gateway.wiring.context is not context

@@ -97,6 +97,9 @@ def prepare(
         raise
     except (ConfigError, RegistryError, ValueError, TypeError, OSError) as exc:
         raise ReloadError(str(exc)) from None
+    # what the answers taught of output lengths stays (its prior is the config's default)
+    if config.admission.default_max_tokens == current.config.admission.default_max_tokens:
+        wiring.requests.lengths = current.requests.lengths
     if kept is None:
         adopt_router_state(wiring.router, current.router)
     return wiring
