@@ -62,3 +62,22 @@ async def _run() -> None:
         picker.finish(pick, 200)
         async with http.get(running.metrics_url + "/metrics") as response:
             assert 'longroute_prefix_state_precise{endpoint="e1"} 1.0' in await response.text()
+
+
+def test_the_picker_learns_output_lengths_from_the_answers_usage() -> None:
+    """As serve does: routers see a length learned from finished answers (per choice)."""
+    config = parse_gateway_config(
+        {"backends": [{"name": "a", "url": "http://127.0.0.1:9", "model": PROFILE}]},
+        "test_epp_kv_events",
+    )
+    from longroute.epp.picker import EndpointPicker
+
+    picker = EndpointPicker(config, GatewaySecrets({}, None))
+    headers = Headers([("content-type", "application/json")])
+    body = {"model": PROFILE, "messages": [{"role": "user", "content": "hi"}], "n": 2}
+    for _ in range(10):  # the estimator trusts a key after 8 answers
+        pick, _ = picker.pick("/v1/chat/completions", headers, json.dumps(body).encode())
+        pick.tail.extend(b'"usage":{"prompt_tokens":5,"completion_tokens":84}}')
+        picker.finish(pick, 200)
+    pick, _ = picker.pick("/v1/chat/completions", headers, json.dumps(body).encode())
+    assert pick.grant.request.num_output_tokens == 2 * 42  # 42 per choice, two choices

@@ -36,6 +36,7 @@ from longroute.gateway.intake import RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
+from longroute.gateway.usage import parse_usage
 from longroute.gateway.wiring import (
     build_engine_truth,
     build_fleet,
@@ -69,6 +70,7 @@ class Pick:
     started_s: float
     has_first_byte: bool = False
     is_finished: bool = False
+    num_choices: int = 1  # the request's n: its usage counts every choice's tokens
     tail: bytearray = field(default_factory=bytearray)
 
 
@@ -202,7 +204,9 @@ class EndpointPicker:
         if self.engine_truth is not None:  # counts the dispatch (the silence check)
             self.engine_truth.predicted_cached_tokens(grant.endpoint, grant.request)
         destination = self._destination(grant)
-        pick = Pick(grant, destination, route, parsed.model, started_s)
+        pick = Pick(
+            grant, destination, route, parsed.model, started_s, num_choices=parsed.num_choices
+        )
         return pick, raw
 
     def _destination(self, grant: Grant) -> str:
@@ -255,7 +259,18 @@ class EndpointPicker:
         elif is_ok:
             model = self.backends[endpoint].model
             self.metrics.observe_e2e(model, endpoint, time.monotonic() - pick.started_s)
-            self._count_usage(endpoint, bytes(pick.tail))
+            tail = bytes(pick.tail)
+            self._count_usage(endpoint, tail)
+            self._learn_length(pick, tail)
+
+    def _learn_length(self, pick: Pick, tail: bytes) -> None:
+        """The answer's completion tokens per choice (the engine's usage) teach the length
+        estimate routers see, as in ``serve``."""
+        usage = parse_usage(tail)
+        if usage is not None and usage.completion_tokens is not None:
+            request = pick.grant.request
+            per_choice = usage.completion_tokens // max(1, pick.num_choices)
+            self.requests.lengths.observe(request.model, request.task, per_choice)
 
     def _count_usage(self, endpoint: str, tail: bytes) -> None:
         prompt = _PROMPT.findall(tail)
