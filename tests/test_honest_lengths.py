@@ -320,3 +320,36 @@ async def test_the_gateway_learns_lengths_from_usage_and_caps_them_by_max_tokens
     assert shown == [256] * 8 + [4, 3, 4 * 2, 4]
     assert caps == [None] * 9 + [3, 100, None]
     assert builder.lengths.estimate(MODEL, None) == 4
+
+
+def test_the_gateway_routers_completion_hook_sees_the_observed_length() -> None:
+    """As in the simulator: the hook learns from what the engine generated (its usage),
+    while the fleet view's counters give back exactly what the dispatch added."""
+    import random
+
+    from longroute.clock import SimClock
+    from longroute.gateway.admission import Admission
+    from longroute.routing import ROUTERS
+    from longroute.routing.fleet_view import FleetView
+    from longroute.types import Endpoint, Request
+
+    seen: list[int] = []
+    router = ROUTERS.build("least-load", rng=random.Random(0))
+    on_complete = router.on_complete
+
+    def spy(request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
+        seen.append(request.num_output_tokens)
+        on_complete(request, endpoint, now_s, is_ok)
+
+    router.on_complete = spy  # type: ignore[method-assign]
+    fleet = FleetView([Endpoint("a", "m", "h", "r")])
+    admission = Admission(
+        fleet, router, {"a": 4}, max_queue=4, queue_policy="fcfs", clock=SimClock(),
+        observe_decision_s=lambda _: None,
+    )  # fmt: skip
+    request = Request("r1", 0.0, num_prompt_tokens=10, num_output_tokens=256, model="m")
+    grant = admission.try_grant(request, ())
+    assert grant is not None and fleet.state("a").num_inflight_output_tokens == 256
+    admission.finish(grant.request, "a", has_first_byte=True, is_ok=True, observed_output_tokens=37)
+    assert seen == [37]
+    assert fleet.state("a").num_inflight_output_tokens == 0

@@ -165,9 +165,21 @@ class Admission:
         self.fleet.record_prefill_done(request, endpoint)
         self.router.on_first_token(request, endpoint, self._clock.now_s())
 
-    def finish(self, request: Request, endpoint: str, *, has_first_byte: bool, is_ok: bool) -> None:
-        """The attempt ended (answered, failed or abandoned); frees its slot."""
+    def finish(
+        self,
+        request: Request,
+        endpoint: str,
+        *,
+        has_first_byte: bool,
+        is_ok: bool,
+        observed_output_tokens: int | None = None,
+    ) -> None:
+        """The attempt ended (answered, failed or abandoned); frees its slot. The router's
+        completion hook sees ``observed_output_tokens`` (the answer's usage) as the
+        request's output length where the engine reported it, as in the simulator."""
         self.fleet.record_complete(request, endpoint, is_prefill_counted=not has_first_byte)
+        if observed_output_tokens is not None:
+            request = replace(request, num_output_tokens=observed_output_tokens)
         self.router.on_complete(request, endpoint, self._clock.now_s(), is_ok)
         self._inflight[endpoint] -= 1
         if self.num_waiting:

@@ -318,8 +318,17 @@ class Proxy:
         try:
             return await self._exchange(stream, job, grant, backend, outcome)
         finally:
+            observed = None
+            if outcome.is_ok:  # the engine's usage: what the router's hook learns from
+                completion = job.trace.usage()
+                if completion.source == "backend" and completion.completion_tokens is not None:
+                    observed = completion.completion_tokens
             self.admission.finish(
-                request, backend.name, has_first_byte=outcome.has_first_byte, is_ok=outcome.is_ok
+                request,
+                backend.name,
+                has_first_byte=outcome.has_first_byte,
+                is_ok=outcome.is_ok,
+                observed_output_tokens=observed,
             )
             tuning = self.tuning
             if tuning is not None:
