@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -11,7 +13,7 @@ from longroute.metrics.records import RequestRecord
 
 #: the compared metrics, in table order; the first five are the goals
 GOAL_METRICS = ("ttft_p50", "ttft_p90", "e2e_p50", "e2e_p90", "cache_hit_ratio")
-DIAGNOSTICS = ("tpot_p50", "mean_prompt_tokens", "mean_output_tokens")
+DIAGNOSTICS = ("tpot_p50", "busiest_share", "mean_prompt_tokens", "mean_output_tokens")
 TARGET_ERROR = 0.15
 
 Metrics = dict[str, float]
@@ -24,6 +26,9 @@ def metrics(records: Sequence[RequestRecord]) -> Metrics:
     e2e = np.array([r.e2e_s for r in records])
     tpots = [t for r in records if (t := r.tpot_s) is not None]
     num_prompt = sum(r.num_prompt_tokens for r in records)
+    per_engine: dict[str, int] = {}
+    for r in records:
+        per_engine[r.endpoint] = per_engine.get(r.endpoint, 0) + 1
     return {
         "ttft_p50": float(np.percentile(ttft, 50)),
         "ttft_p90": float(np.percentile(ttft, 90)),
@@ -31,10 +36,24 @@ def metrics(records: Sequence[RequestRecord]) -> Metrics:
         "e2e_p90": float(np.percentile(e2e, 90)),
         "cache_hit_ratio": sum(r.num_cached_tokens for r in records) / max(num_prompt, 1),
         "tpot_p50": float(np.percentile(tpots, 50)) if tpots else float("nan"),
+        # the share of requests the busier engine served (0.5: balanced)
+        "busiest_share": max(per_engine.values()) / len(records),
         "mean_prompt_tokens": num_prompt / len(records),
         "mean_output_tokens": statistics.mean(r.num_output_tokens for r in records),
         "num_requests": float(len(records)),
     }
+
+
+def write_records(path: Path, records: Sequence[RequestRecord]) -> None:
+    """Per request, for the record: id, engine, arrival, TTFT, E2E (s) and token counts."""
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["request_id", "session_id", "endpoint", "arrival_s", "ttft_s", "e2e_s",
+                      "prompt_tokens", "cached_tokens", "output_tokens"])  # fmt: skip
+        for r in sorted(records, key=lambda r: r.arrival_s):
+            out.writerow([r.request_id, r.session_id, r.endpoint, f"{r.arrival_s:.4f}",
+                          f"{r.ttft_s:.4f}", f"{r.e2e_s:.4f}", r.num_prompt_tokens,
+                          r.num_cached_tokens, r.num_output_tokens])  # fmt: skip
 
 
 def relative_errors(model: Metrics, real: Metrics) -> Metrics:
@@ -53,7 +72,7 @@ def ranking(by_router: Mapping[str, Metrics], metric: str) -> list[str]:
 
 
 def _cell(value: float, metric: str) -> str:
-    if metric == "cache_hit_ratio":
+    if metric in ("cache_hit_ratio", "busiest_share"):
         return f"{value:.3f}"
     if metric.startswith("mean_"):
         return f"{value:.0f}"

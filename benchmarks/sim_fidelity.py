@@ -39,7 +39,15 @@ from typing import Any
 
 import _fidelity_live as live
 from _fidelity_probe import probe, probe_table
-from _fidelity_report import GOAL_METRICS, Metrics, goals, median_metrics, metrics, table
+from _fidelity_report import (
+    GOAL_METRICS,
+    Metrics,
+    goals,
+    median_metrics,
+    metrics,
+    table,
+    write_records,
+)
 from longroute.bench.options import BenchOptions
 from longroute.config import parse_scenario
 from longroute.estimators.measured_engine import MeasuredEngine, load_measured_engine
@@ -95,7 +103,7 @@ def capacity_per_s(engine: MeasuredEngine, wl: Workload, tokens_per_unit: float)
     return 2.0 / (sum(busy_s) / len(busy_s))
 
 
-def simulate(trace: Path, engine_yaml: Path, router: str) -> Metrics:
+def simulate(trace: Path, engine_yaml: Path, router: str, csv_path: Path | None = None) -> Metrics:
     data = {
         "name": "sim-fidelity",
         "seed": 0,
@@ -112,6 +120,8 @@ def simulate(trace: Path, engine_yaml: Path, router: str) -> Metrics:
     }  # fmt: skip
     config = check_names(parse_scenario(data, "sim_fidelity"), "sim_fidelity")
     result = run_scenario(config, routers=[router]).results[router]
+    if csv_path is not None:
+        write_records(csv_path, result.records)
     return metrics(result.records)
 
 
@@ -211,11 +221,14 @@ def _real_and_sim(
                     _post(e.url + "/reset_prefix_cache")
                 opts = _options(rate / turns, seed, num_requests)
                 reqs, cpu = live_run(engines, router, wl, opts, out, tokenize=True)
-                trace = out / f"replay-{router}-{load.rstrip('%')}-{run}.jsonl"
+                name = f"{router}-{load.rstrip('%')}-{run}"
+                trace = out / f"replay-{name}.jsonl"
                 live.write_replay_trace(reqs, trace)
+                write_records(out / f"vllm-{name}.csv", [r.record for r in reqs])
                 key = (router, load)
                 real_runs.setdefault(key, []).append(metrics([r.record for r in reqs]))
-                sim_runs.setdefault(key, []).append(simulate(trace, engine_yaml, router))
+                sim_m = simulate(trace, engine_yaml, router, out / f"sim-{name}.csv")
+                sim_runs.setdefault(key, []).append(sim_m)
                 cpus[key] = cpu
                 _progress("vLLM", run, key, real_runs[key][-1], sim_runs[key][-1], cpu)
     plan = {"rates": rates, "turns": turns, "num_requests": num_requests, "ratio": ratio}
@@ -240,7 +253,9 @@ def _emulated(
                     reqs, cpu = live_run(emus, router, wl, opts, out, tokenize=False)
                 finally:
                     live.stop_all(emus)
-                m = metrics([r.record for r in reqs])
+                records = [r.record for r in reqs]
+                write_records(out / f"emulator-{router}-{load.rstrip('%')}-{run}.csv", records)
+                m = metrics(records)
                 runs.setdefault((router, load), []).append(m)
                 _progress("emulator", run, (router, load), m, None, cpu)
     return {k: median_metrics(v) for k, v in runs.items()}
