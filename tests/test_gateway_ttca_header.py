@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 
 from longroute.gateway.admission import Grant
+from longroute.gateway.observe import RequestTrace
 from longroute.gateway.proxy import _with_prediction
-from longroute.headers import ENDPOINT_HEADER, PREDICTED_TTFT_HEADER
+from longroute.headers import ENDPOINT_HEADER, PREDICTED_CACHED_HEADER, PREDICTED_TTFT_HEADER
 from longroute.types import Request, RouteDecision
 from test_gateway import FakeBackend, Knobs, async_test, running_fleet
 
@@ -23,24 +24,34 @@ def _grant(endpoint: str, decision: RouteDecision) -> Grant:
     return Grant(endpoint, decision, 1e-6, Request("r", 0.0, 100, 8))
 
 
+TRACE = RequestTrace("r", "/v1/chat/completions", 0.0)  # no cached-token prediction
+
+
 def test_header_is_the_prediction_in_rounded_milliseconds() -> None:
     fixed = {ENDPOINT_HEADER: "a"}
-    headers = _with_prediction(fixed, _grant("a", RouteDecision("a", predicted_ttft_s=0.1234)))
+    headers = _with_prediction(
+        fixed, _grant("a", RouteDecision("a", predicted_ttft_s=0.1234)), TRACE
+    )
     assert headers == {ENDPOINT_HEADER: "a", PREDICTED_TTFT_HEADER: "123"}
     assert fixed == {ENDPOINT_HEADER: "a"}  # the backend's own dict is not changed
-    rounded_up = _with_prediction(fixed, _grant("a", RouteDecision("a", predicted_ttft_s=0.0456)))
+    rounded_up = _with_prediction(
+        fixed, _grant("a", RouteDecision("a", predicted_ttft_s=0.0456)), TRACE
+    )
     assert rounded_up[PREDICTED_TTFT_HEADER] == "46"
 
 
 def test_no_header_and_no_copy_without_a_prediction_for_the_backend() -> None:
     fixed = {ENDPOINT_HEADER: "b"}
-    assert _with_prediction(fixed, _grant("b", RouteDecision("b"))) is fixed
+    assert _with_prediction(fixed, _grant("b", RouteDecision("b")), TRACE) is fixed
     # the router chose a (full), admission sent it to b: a's prediction is not b's
-    assert _with_prediction(fixed, _grant("b", RouteDecision("a", predicted_ttft_s=0.1))) is fixed
+    assert (
+        _with_prediction(fixed, _grant("b", RouteDecision("a", predicted_ttft_s=0.1)), TRACE)
+        is fixed
+    )
     for bad in (math.inf, math.nan):
-        assert _with_prediction(fixed, _grant("b", RouteDecision("b", predicted_ttft_s=bad))) is (
-            fixed
-        )
+        assert _with_prediction(
+            fixed, _grant("b", RouteDecision("b", predicted_ttft_s=bad)), TRACE
+        ) is (fixed)
 
 
 @async_test
@@ -70,3 +81,18 @@ async def test_routers_that_predict_nothing_add_no_header() -> None:
     for status, headers, _ in replies:
         assert status == 200 and ENDPOINT_HEADER in headers
         assert PREDICTED_TTFT_HEADER not in headers
+
+
+def test_the_cached_token_prediction_rides_along_when_there_is_one() -> None:
+    fixed = {ENDPOINT_HEADER: "a"}
+    trace = RequestTrace("r", "/v1/chat/completions", 0.0)
+    trace.predicted_cached_tokens = 896
+    alone = _with_prediction(fixed, _grant("a", RouteDecision("a")), trace)
+    assert alone == {ENDPOINT_HEADER: "a", PREDICTED_CACHED_HEADER: "896"}
+    both = _with_prediction(fixed, _grant("a", RouteDecision("a", predicted_ttft_s=0.05)), trace)
+    assert both == {
+        ENDPOINT_HEADER: "a",
+        PREDICTED_TTFT_HEADER: "50",
+        PREDICTED_CACHED_HEADER: "896",
+    }
+    assert fixed == {ENDPOINT_HEADER: "a"}
