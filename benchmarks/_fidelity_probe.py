@@ -57,7 +57,7 @@ def probe(engine_url: str, gateway_url: str, model: str) -> dict[str, dict[int, 
 
 def probe_table(found: dict[str, dict[int, tuple[int, float]]], engine: MeasuredEngine) -> str:
     """Measured lone TTFT per path and length, beside the profile's prediction."""
-    head = f"{'path':<20}" + "".join(f"{f'~{n} tok':>22}" for n in LENGTHS_TOKENS)
+    head = f"{'path':<20}" + "".join(f"{f'~{n} tok':>21}" for n in LENGTHS_TOKENS)
     head += f"{'lone TPOT':>16}"
     lines = ["lone uncached TTFT, lone TPOT (medians of 5) and the profile's predictions", head]
     for path, row in found.items():
@@ -65,7 +65,7 @@ def probe_table(found: dict[str, dict[int, tuple[int, float]]], engine: Measured
         for n in LENGTHS_TOKENS:
             tokens, ttft_s = row[n]
             pred_s = engine.prefill.ttft_s(tokens, 0)
-            cells += f"{f'{tokens}t {1000 * ttft_s:.0f}ms (pred {1000 * pred_s:.0f})':>22}"
+            cells += f"{f'{tokens}t {1000 * ttft_s:.0f}ms (pred {1000 * pred_s:.0f})':>21}"
         step_pred_s = engine.decode.step_s(1, row[LENGTHS_TOKENS[1]][0] + 24)
         cells += f"{f'{1000 * row[0][1]:.1f}ms ({1000 * step_pred_s:.1f})':>16}"
         lines.append(f"{path:<20}{cells}")

@@ -95,7 +95,8 @@ def live_run(
         reqs, errors = live.run_bench(gateway.url, wl, opts, engines[0].url if tokenize else None)
         wall_s = time.perf_counter() - start_s
         self1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = {p.name: (p.cpu_s() - cpu0[p.name]) / wall_s for p in [*engines, gateway]}
+        cpu = {p.name: (p.cpu_s() - cpu0[p.name]) / wall_s for p in engines}
+        cpu["gateway"] = (gateway.cpu_s() - cpu0[gateway.name]) / wall_s
         cpu["client"] = (self1.ru_utime + self1.ru_stime - self0.ru_utime - self0.ru_stime) / wall_s
         cpu["wall_s"] = wall_s
         cpu["num_failed"] = float(len(errors))
@@ -156,8 +157,8 @@ def _real_and_sim(
     capacity = capacity_per_s(engine, probe, ratio)
     turns = sum(len(s.turns) for s in probe.sessions) / len(probe.sessions)
     rates = {"light": LIGHT_SHARE * capacity, "70%": HEAVY_SHARE * capacity}
-    print(f"capacity (profile, no batching gain, 2 engines): {capacity:.2f} req/s; loads: "
-          + ", ".join(f"{k} {v:.2f} req/s" for k, v in rates.items())
+    print(f"capacity (profile, no batching gain, 2 engines): {capacity:.2f} req/s", flush=True)
+    print("loads: " + ", ".join(f"{k} {v:.2f} req/s" for k, v in rates.items())
           + f" ({turns:.2f} turns per session)", flush=True)  # fmt: skip
     real_runs: dict[Key, list[Metrics]] = {}
     sim_runs: dict[Key, list[Metrics]] = {}
@@ -218,19 +219,24 @@ def _options(session_rate: float, seed: int, num_requests: int) -> BenchOptions:
     )  # fmt: skip
 
 
+def _summary_line(label: str, m: Metrics) -> str:
+    return (f"    {label:<9} TTFT p50/p90 {1000 * m['ttft_p50']:.0f}/{1000 * m['ttft_p90']:.0f}ms "
+            f"E2E p50/p90 {1000 * m['e2e_p50']:.0f}/{1000 * m['e2e_p90']:.0f}ms "
+            f"hit {m['cache_hit_ratio']:.3f}")  # fmt: skip
+
+
 def _progress(
     what: str, run: int, key: Key, real: Metrics, sim: Metrics | None, cpu: dict[str, float]
 ) -> None:
-    line = (f"run {run} {what:<8} {key[0]:<12} {key[1]:<5} n={real['num_requests']:.0f} "
-            f"ttft p50 {1000 * real['ttft_p50']:.0f}ms p90 {1000 * real['ttft_p90']:.0f}ms "
-            f"e2e p50 {1000 * real['e2e_p50']:.0f}ms "
-            f"hit {real['cache_hit_ratio']:.3f}")  # fmt: skip
+    """A few lines per live run, each within 100 columns."""
+    print(f"run {run} {what} {key[0]}/{key[1]}: {real['num_requests']:.0f} requests, "
+          f"{cpu['num_failed']:.0f} failed, {cpu['wall_s']:.0f} s", flush=True)  # fmt: skip
+    print(_summary_line(what, real), flush=True)
     if sim is not None:
-        line += f" | sim ttft p50 {1000 * sim['ttft_p50']:.0f}ms hit {sim['cache_hit_ratio']:.3f}"
-    print(line, flush=True)
+        print(_summary_line("sim", sim), flush=True)
     print("    CPU (cores): " + ", ".join(
-        f"{k} {v:.2f}" for k, v in cpu.items() if k not in ("wall_s", "num_failed"))
-        + f"; wall {cpu['wall_s']:.0f}s, failed {cpu['num_failed']:.0f}", flush=True)  # fmt: skip
+        f"{k} {v:.2f}" for k, v in cpu.items() if k not in ("wall_s", "num_failed")),
+        flush=True)  # fmt: skip
 
 
 def _report(
