@@ -121,11 +121,13 @@ class EngineTruth:
         prediction: an engine publishes a step's events beside that step's output, on
         another socket, so the events of a previous answer's last steps (a block it filled,
         one it evicted) may be waiting in the subscriber's socket when the next request
-        comes. Three loop turns: the socket's reader wakes the receive task, which applies
-        them (a few microseconds; only for precise backends)."""
-        if self.is_precise(backend):
-            for _ in range(SETTLE_TURNS):
-                await asyncio.sleep(0)
+        comes. Only when a message waits (one flag read, about a microsecond): three loop
+        turns, in which the socket's reader wakes the receive task and it applies them."""
+        watch = self._watches.get(backend)
+        if watch is None or not self.is_precise(backend) or not watch.subscriber.has_pending():
+            return
+        for _ in range(SETTLE_TURNS):
+            await asyncio.sleep(0)
 
     def predicted_cached_tokens(self, backend: str, request: Request) -> int | None:
         """What ``backend`` will report as cached for ``request`` (vLLM's rule), predicted

@@ -128,6 +128,11 @@ class KVEventSubscriber:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._close_sockets()
 
+    def has_pending(self) -> bool:
+        """Whether a message waits in a SUB socket, not yet applied (ZeroMQ's EVENTS flag;
+        pyzmq's asyncio sockets re-arm their reader when it is read). O(ranks)."""
+        return any(int(state.sub.get(zmq.EVENTS)) & zmq.POLLIN for state in self._ranks)
+
     @property
     def bound_endpoints(self) -> list[str]:
         """The endpoints the SUB sockets use (with ``bind`` and port 0: the real port)."""
