@@ -334,7 +334,8 @@ def test_the_gateway_routers_completion_hook_sees_the_observed_length() -> None:
     from longroute.types import Endpoint, Request
 
     seen: list[int] = []
-    router = ROUTERS.build("least-load", rng=random.Random(0))
+    router = ROUTERS.build("ttca", rng=random.Random(0))  # one that reads the length
+    assert router.needs_observed_length
     on_complete = router.on_complete
 
     def spy(request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
@@ -342,14 +343,21 @@ def test_the_gateway_routers_completion_hook_sees_the_observed_length() -> None:
         on_complete(request, endpoint, now_s, is_ok)
 
     router.on_complete = spy  # type: ignore[method-assign]
-    fleet = FleetView([Endpoint("a", "m", "h", "r")])
+    fleet = FleetView([Endpoint("a", "llama-3-8b", "h100", "r")])
     admission = Admission(
         fleet, router, {"a": 4}, max_queue=4, queue_policy="fcfs", clock=SimClock(),
         observe_decision_s=lambda _: None,
     )  # fmt: skip
-    request = Request("r1", 0.0, num_prompt_tokens=10, num_output_tokens=256, model="m")
+    request = Request("r1", 0.0, num_prompt_tokens=10, num_output_tokens=256, model="llama-3-8b")
     grant = admission.try_grant(request, ())
     assert grant is not None and fleet.state("a").num_inflight_output_tokens == 256
     admission.finish(grant.request, "a", has_first_byte=True, is_ok=True, observed_output_tokens=37)
     assert seen == [37]
     assert fleet.state("a").num_inflight_output_tokens == 0
+    # a router whose hook does not read the length gets the request as dispatched
+    router.needs_observed_length = False  # type: ignore[misc]
+    admission.reconfigure(router, {"a": 4}, 4)
+    grant = admission.try_grant(Request("r2", 0.0, 10, 256, model="llama-3-8b"), ())
+    assert grant is not None
+    admission.finish(grant.request, "a", has_first_byte=True, is_ok=True, observed_output_tokens=9)
+    assert seen == [37, 256]

@@ -126,6 +126,7 @@ class Admission:
         self._queue_priority: Callable[[Request], float] | None = getattr(
             router, "queue_priority", None
         )
+        self._needs_observed_length = bool(getattr(router, "needs_observed_length", False))
         self._capacity = dict(capacities)
         self._inflight = dict.fromkeys(capacities, 0)
         self._queues: dict[str, _Queue] = {}
@@ -178,7 +179,7 @@ class Admission:
         completion hook sees ``observed_output_tokens`` (the answer's usage) as the
         request's output length where the engine reported it, as in the simulator."""
         self.fleet.record_complete(request, endpoint, is_prefill_counted=not has_first_byte)
-        if observed_output_tokens is not None:
+        if observed_output_tokens is not None and self._needs_observed_length:
             request = replace(request, num_output_tokens=observed_output_tokens)
         self.router.on_complete(request, endpoint, self._clock.now_s(), is_ok)
         self._inflight[endpoint] -= 1
@@ -192,6 +193,7 @@ class Admission:
         :meth:`forget`; waiting requests stay queued and are served at once if they can."""
         self.router = router
         self._queue_priority = getattr(router, "queue_priority", None)
+        self._needs_observed_length = bool(getattr(router, "needs_observed_length", False))
         self.max_queue = max_queue
         for name in self._capacity:
             if name not in capacities:

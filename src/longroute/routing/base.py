@@ -44,12 +44,16 @@ class BaseRouter:
     ``needs_prefix_index`` tells the fleet view's owner whether to keep the
     router-side prefix index up to date (it costs time per dispatch);
     ``needs_language`` tells the gateway whether to detect each prompt's
-    language (the simulator's workloads carry it anyway).
+    language (the simulator's workloads carry it anyway);
+    ``needs_observed_length`` tells the gateway whether :meth:`on_complete` reads the
+    answer's length (``request.num_output_tokens``), so that it hands over a request
+    carrying the observed one (a copy per request, only where it is read).
     """
 
     name = "base"
     needs_prefix_index = False
     needs_language = False
+    needs_observed_length = False
 
     def __init__(self, *, rng: random.Random | None = None) -> None:
         self.rng = rng if rng is not None else random.Random(0)

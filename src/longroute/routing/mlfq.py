@@ -43,6 +43,7 @@ class MlfqRouter(VllmLoadBalancer):
     """``vllm-lb``'s choice, with the workflow's MLFQ level as priority. O(candidates)."""
 
     name = "mlfq"
+    needs_observed_length = True  # attained service counts the answer's tokens
 
     def __init__(
         self,

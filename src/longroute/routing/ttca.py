@@ -80,6 +80,7 @@ class TtcaRouter(BaseRouter):
 
     name = "ttca"
     needs_prefix_index = True
+    needs_observed_length = True  # its TPOT calibration divides by the answer's length
     needs_language = True
     wants_capability = True
 
