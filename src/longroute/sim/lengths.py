@@ -51,13 +51,18 @@ class LengthView:
         )
         return replace(request, num_output_tokens=expected)
 
-    def completed(self, request: Request, replica: int, num_generated: int) -> Request:
+    def completed(
+        self, request: Request, replica: int, num_generated: int, *, is_read: bool = True
+    ) -> Request:
         """``request``'s answer of ``num_generated`` tokens reached its client: the replica
         learns the length, and the router's completion hook sees it (observed, as a gateway
-        reads it in the answer's usage)."""
+        reads it in the answer's usage). ``is_read``: whether that hook reads it at all
+        (``needs_observed_length``); if not, no copy of the request is made."""
         if self.is_oracle:
             return request
         self.estimators[replica].observe(request.model, request.task, num_generated)
+        if not is_read:
+            return request
         return replace(request, num_output_tokens=num_generated)
 
 

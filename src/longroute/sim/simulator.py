@@ -175,6 +175,10 @@ class Simulation:
         self._priority_oracle: str | None = getattr(router, "priority_oracle", None)
         base_rtt = {e.name: network.base_rtt_ms(e.region) for e in endpoints}
         self.routers: tuple[Router, ...] = (router, *replica_routers)
+        # whose completion hook reads the answer's length (the rest get the request as is)
+        self._reads_length = tuple(
+            bool(getattr(r, "needs_observed_length", False)) for r in self.routers
+        )
         self.fleets = tuple(
             FleetView(
                 endpoints,
@@ -447,7 +451,9 @@ class Simulation:
         fleet = self.fleets[flight.replica]
         fleet.record_complete(request, name, is_prefill_counted=False)
         num_output = seq.num_output_tokens
-        answered = self._lengths.completed(request, flight.replica, num_output)
+        answered = self._lengths.completed(
+            request, flight.replica, num_output, is_read=self._reads_length[flight.replica]
+        )
         self.routers[flight.replica].on_complete(answered, name, now_s, True)
         # every answer is a passive RTT probe (of the replica that sent it)
         fleet.set_rtt(name, self._rtt[flight.replica][name].update(flight.rtt_s * 1000.0))
