@@ -130,7 +130,7 @@ async def _run(run: Run) -> dict[str, Any]:
         await run.reload(http, "add e4", _config(emulators, [*base, "e4"], run.keys))
         await asyncio.sleep(1.5)
         busy = emulators["e3"].base_url
-        inflight = await _metric(http, run.gateway.base_url, "e3")
+        inflight = await _busy(http, run.gateway.base_url, "e3")
         await run.reload(http, "remove e3", _config(emulators, ["e1", "e2", "e4"], run.keys))
         await asyncio.sleep(1.5)
         params = {"rtt_weight": 2.0, "queue_weight": 1.0}
@@ -176,6 +176,21 @@ async def _metric(http: aiohttp.ClientSession, url: str, endpoint: str) -> float
     prefix = f'longroute_backend_inflight_requests{{endpoint="{endpoint}"}} '
     (line,) = [x for x in text.splitlines() if x.startswith(prefix)]
     return float(line.rsplit(" ", 1)[1])
+
+
+async def _busy(http: aiohttp.ClientSession, url: str, endpoint: str) -> float:
+    """The endpoint's in-flight count, polled until it is non-zero (at most ~3 s).
+
+    One sample of the gauge can land between two short requests, so the removal
+    waits for a moment when the backend has work in flight, and happens right after.
+    """
+    inflight = 0.0
+    for _ in range(120):
+        inflight = await _metric(http, url, endpoint)
+        if inflight >= 1:
+            break
+        await asyncio.sleep(0.025)
+    return inflight
 
 
 async def _status_with_key(http: aiohttp.ClientSession, url: str, key: str) -> int:
