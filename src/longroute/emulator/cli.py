@@ -148,6 +148,15 @@ def emulate_command(
             "others are connected to."
         ),
     ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="A Hugging Face model folder (tokenizer.json and a chat template, e.g. the "
+            "one vLLM serves): prompts are tokenized as that engine does, so token counts, "
+            "prefix-cache blocks and KV events use real token ids (default: pseudo-tokens, "
+            "about half as many)."
+        ),
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible engine emulator timed by the simulator's engine model."""
     import zmq
@@ -157,6 +166,7 @@ def emulate_command(
     from longroute.emulator.network import parse_schedule
     from longroute.emulator.options import build_endpoint, build_engine_policies, build_predictor
     from longroute.emulator.runner import run_emulator
+    from longroute.emulator.tokenizer import load_engine_tokenizer
     from longroute.sim.engine_policies import PolicyBuilder
 
     try:
@@ -193,6 +203,7 @@ def emulate_command(
             kv_events=(
                 None if kv_events_config is None else parse_kv_events_config(kv_events_config)
             ),
+            tokenizer_dir=tokenizer,
         )
         # unknown profiles (ProfileError), a model that does not fit, bad limits
         predictor = build_predictor(options)
@@ -200,6 +211,8 @@ def emulate_command(
         # unknown policy names were refused above; here, their parameters
         PolicyBuilder(build_engine_policies(options)).build(endpoint, predictor)
         build_judge(options)  # an unknown table, or one without the served model
+        if tokenizer is not None:  # a missing folder or tokenizer.json, a broken template
+            load_engine_tokenizer(tokenizer, options.prefix_block_tokens)
     except ValueError as exc:
         raise _fail(str(exc)) from None
 

@@ -71,6 +71,10 @@ class EmulatorOptions:
     ``kv_events`` publishes the engine's KV-cache events as vLLM does
     (``--kv-events-config``, :mod:`longroute.emulator.kv_events_config`);
     None, or a config that does not enable them, publishes nothing.
+
+    ``tokenizer_dir``: a Hugging Face model folder (tokenizer.json and a chat
+    template) whose tokenizer counts prompts as the engine serving it does
+    (:mod:`longroute.emulator.tokenizer`); None: the emulator's pseudo-tokens.
     """
 
     profile: str
@@ -102,6 +106,7 @@ class EmulatorOptions:
     scheduler_params: Mapping[str, Any] = field(default_factory=dict)
     packer_params: Mapping[str, Any] = field(default_factory=dict)
     kv_events: KvEventsConfig | None = None
+    tokenizer_dir: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_gpus", self.num_gpus, 1)
@@ -135,6 +140,8 @@ class EmulatorOptions:
             raise ValueError("served_model_name must not be empty")
         if not self.host.strip():
             raise ValueError("host must not be empty")
+        if self.tokenizer_dir is not None and not self.tokenizer_dir.strip():
+            raise ValueError("tokenizer_dir must not be empty (leave it unset for pseudo-tokens)")
         if self.poison_marker is not None and not self.poison_marker:
             raise ValueError("poison_marker must not be empty (leave it unset to turn it off)")
         from longroute.queueing import QUEUE_POLICIES

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longroute.emulator.text import (
     Prompt,
@@ -27,6 +27,9 @@ from longroute.emulator.text import (
     prompt_from_text,
     prompt_from_token_ids,
 )
+
+if TYPE_CHECKING:
+    from longroute.emulator.tokenizer import EngineTokenizer
 
 _MAX_TOKEN_ID = (1 << 32) - 1
 MAX_PRIORITY = (1 << 63) - 1
@@ -138,7 +141,8 @@ def _message_text(content: object, index: int) -> str:
     return "".join(texts)
 
 
-def _chat_text(body: dict[str, Any]) -> str:
+def _chat_pairs(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """(role, text) of each message, validated; text parts joined with no separator."""
     messages = body.get("messages")
     if messages is None:
         raise _bad("'messages' is a required property", "messages")
@@ -152,7 +156,25 @@ def _chat_text(body: dict[str, Any]) -> str:
         if not isinstance(role, str) or not role:
             raise _bad(f"'messages[{i}].role' must be a non-empty string", "messages")
         pairs.append((role, _message_text(message.get("content"), i)))
-    return chat_template(pairs)
+    return pairs
+
+
+_UNREPRODUCED_CHAT_FIELDS = ("tools", "chat_template", "chat_template_kwargs")
+
+
+def _engine_chat(body: dict[str, Any], tokenizer: EngineTokenizer) -> tuple[Prompt, str]:
+    """A chat prompt tokenized as the served model's engine does (``--tokenizer``)."""
+    _chat_pairs(body)  # the same validation as without a tokenizer
+    for name in _UNREPRODUCED_CHAT_FIELDS:
+        if body.get(name):
+            raise _bad(f"'{name}' changes the prompt and is not reproduced by --tokenizer", name)
+    add_generation_prompt = body.get("add_generation_prompt", True)
+    if not isinstance(add_generation_prompt, bool):
+        raise _bad("'add_generation_prompt' must be a boolean", "add_generation_prompt")
+    try:
+        return tokenizer.chat(body["messages"], add_generation_prompt=add_generation_prompt)
+    except ValueError as exc:  # content the renderer cannot reproduce, or the template refused
+        raise _bad(str(exc), "messages") from None
 
 
 def _is_token_ids(value: list[Any]) -> bool:
@@ -161,13 +183,17 @@ def _is_token_ids(value: list[Any]) -> bool:
     )
 
 
-def _completion_prompt(body: dict[str, Any], block_size_tokens: int) -> tuple[Prompt, str | None]:
+def _completion_prompt(
+    body: dict[str, Any], block_size_tokens: int, tokenizer: EngineTokenizer | None
+) -> tuple[Prompt, str | None]:
     prompt = body.get("prompt")
     if prompt is None:
         raise _bad("'prompt' is a required property", "prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
+        if tokenizer is not None:
+            return tokenizer.completion(prompt), prompt
         return prompt_from_text(prompt, block_size_tokens), prompt
     if isinstance(prompt, list) and prompt and _is_token_ids(prompt):
         return prompt_from_token_ids(prompt, block_size_tokens), None
@@ -186,8 +212,13 @@ def parse_request(
     block_size_tokens: int,
     max_model_len_tokens: int,
     is_priority_scheduling: bool = False,
+    tokenizer: EngineTokenizer | None = None,
 ) -> ParsedRequest:
-    """Validate a request body; raise ApiError (400, or 404 for an unknown model)."""
+    """Validate a request body; raise ApiError (400, or 404 for an unknown model).
+
+    ``tokenizer``: the served model's (``--tokenizer``), whose block size must be
+    ``block_size_tokens``; None: pseudo-tokens and the emulator's chat template.
+    """
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -211,14 +242,17 @@ def parse_request(
     is_usage = is_stream and options is not None and _optional_bool(options, "include_usage")
     text: str | None
     if kind is ApiKind.CHAT:
-        text = _chat_text(body)
-        prompt = prompt_from_text(text, block_size_tokens)
+        if tokenizer is None:
+            text = chat_template(_chat_pairs(body))
+            prompt = prompt_from_text(text, block_size_tokens)
+        else:
+            prompt, text = _engine_chat(body, tokenizer)
         max_tokens = _optional_int(body, "max_completion_tokens", 1)
         param = "max_completion_tokens"
         if max_tokens is None:
             max_tokens, param = _optional_int(body, "max_tokens", 1), "max_tokens"
     else:
-        prompt, text = _completion_prompt(body, block_size_tokens)
+        prompt, text = _completion_prompt(body, block_size_tokens, tokenizer)
         max_tokens, param = _optional_int(body, "max_tokens", 1), "max_tokens"
     prompt_param = "messages" if kind is ApiKind.CHAT else "prompt"
     num_output, reason = _output_length(

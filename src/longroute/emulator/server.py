@@ -27,7 +27,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -56,6 +56,9 @@ from longroute.emulator.protocol import ApiError, ApiKind, ParsedRequest, parse_
 from longroute.emulator.responses import ReplyRenderer, usage
 from longroute.headers import ATTEMPT_HEADER
 from longroute.types import Request
+
+if TYPE_CHECKING:
+    from longroute.emulator.tokenizer import EngineTokenizer
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -91,6 +94,13 @@ class Emulator:
             kv_event_sink=None if self.kv_publisher is None else self.kv_publisher.publish,
         )
         self.judge = build_judge(options)
+        self.tokenizer: EngineTokenizer | None = None
+        if options.tokenizer_dir is not None:  # imports tokenizers and jinja2 only then
+            from longroute.emulator.tokenizer import load_engine_tokenizer
+
+            self.tokenizer = load_engine_tokenizer(
+                options.tokenizer_dir, options.prefix_block_tokens
+            )
         self.faults = FaultInjector(
             error_rate=options.error_rate,
             hang_rate=options.hang_rate,
@@ -174,6 +184,7 @@ class Emulator:
                 block_size_tokens=self.options.prefix_block_tokens,
                 max_model_len_tokens=self.max_model_len_tokens,
                 is_priority_scheduling=is_priority_scheduling,
+                tokenizer=self.tokenizer,
             )
         except ApiError as err:
             await self._travel()
@@ -313,7 +324,8 @@ EMULATOR_KEY = web.AppKey("emulator", Emulator)
 
 def create_app(options: EmulatorOptions) -> web.Application:
     """The emulator app. Raises ProfileError/ValueError for options that cannot run
-    (unknown profile, model does not fit, bad limits) before anything starts."""
+    (unknown profile, model does not fit, bad limits, a broken tokenizer folder)
+    before anything starts."""
     emulator = Emulator(options)
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     app[EMULATOR_KEY] = emulator
