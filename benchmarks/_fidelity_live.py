@@ -140,6 +140,7 @@ def start_emulator(name: str, cpu: int, engine_yaml: Path, log_dir: Path) -> Pro
         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens",
         str(MAX_NUM_BATCHED_TOKENS), "--prefix-block-tokens", str(BLOCK_SIZE_TOKENS),
         "--max-model-len", str(MAX_MODEL_LEN_TOKENS),
+        "--tokenizer", str(MODEL_DIR),  # vLLM's model folder: the same prompt token ids
     ]  # fmt: skip
     return Proc(name, f"http://{LOOPBACK}:{port}", start(cmd, log_dir / f"emulator-{name}.log"))
 
