@@ -155,11 +155,26 @@ def find_compute_tables(vidur_dir: Path) -> list[ComputeTable]:
 
 
 def read_allreduce_table(path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """num_workers -> (message bytes, median seconds), one point per size."""
+    """num_workers -> (message bytes, median seconds), one point per size.
+
+    A table may measure one worker count in several layouts (``devices_per_node``:
+    Vidur's ``a100_dgx`` has 8 workers as one node of 8 and as two nodes of 4, whose
+    all-reduces differ 2-8x). Only the layout with the most devices per node is kept:
+    a tensor-parallel group is placed inside one node where it fits. Pooling them
+    (the median of two layouts is their mean) priced a one-node TP8 all-reduce at
+    2-3x its measured time. Tables without the column are one layout."""
     groups: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for line, row in enumerate(_rows(path), start=2):
+    packed: dict[int, int] = {}
+    rows = list(enumerate(_rows(path), start=2))
+    for line, row in rows:
+        n = int(_number(row, "num_workers", f"{path}:{line}"))
+        per_node = _devices_per_node(row, f"{path}:{line}")
+        packed[n] = max(packed.get(n, 0), per_node)
+    for line, row in rows:
         where = f"{path}:{line}"
         n, size = int(_number(row, "num_workers", where)), int(_number(row, "size", where))
+        if _devices_per_node(row, where) != packed[n]:
+            continue
         groups[(n, size)].append(_number(row, "time_stats.all_reduce.median", where) * 1e-3)
     out = {}
     for n in sorted({k[0] for k in groups}):
@@ -167,6 +182,13 @@ def read_allreduce_table(path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]
         bytes_ = np.array(sizes, dtype=float) * ELEMENT_BYTES
         out[n] = (bytes_, np.array([float(np.median(groups[(n, s)])) for s in sizes]))
     return out
+
+
+def _devices_per_node(row: dict[str, str], where: str) -> int:
+    """The row's GPUs per node; 0 for a table without the column (one layout)."""
+    if row.get("devices_per_node") in (None, ""):
+        return 0
+    return int(_number(row, "devices_per_node", where))
 
 
 def find_allreduce_tables(vidur_dir: Path) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
