@@ -275,3 +275,59 @@ def test_cli_refuses_a_broken_tokenizer_folder_with_exit_2(
     assert result.exit_code == 2, output
     assert output.count("error:") == 1 and message in output and str(path) in output
     assert "Traceback" not in result.output
+
+
+# ---- against vLLM itself -------------------------------------------------------------------
+
+VLLM_BLOCK = 128  # vLLM's block size on CPU
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from test_real_engine import serve_vllm
+
+    for vllm in serve_vllm(tmp_path_factory, name="vllm-emulator-tokens"):
+        yield vllm.url
+
+
+@pytest.mark.real_engine
+def test_prompt_and_cached_tokens_equal_vllms_on_the_same_requests(vllm_url: str) -> None:
+    from test_real_engine import MAX_MODEL_LEN_TOKENS, MODEL_DIR, VLLM_MODEL
+
+    chats = [m for turns in conversations(seed=7, num_conversations=5, num_turns=4) for m in turns]
+    texts = [words(random.Random(i), 30 * (i + 1)) for i in range(3)]
+    requests: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", {"messages": m}) for m in chats
+    ]
+    requests += [("/v1/completions", {"prompt": t}) for t in texts]
+
+    async def usages(url: str, session: aiohttp.ClientSession) -> list[tuple[int, int]]:
+        result = []
+        for path, body in requests:
+            full = {**body, "model": VLLM_MODEL, "max_tokens": 4, "temperature": 0.0}
+            usage = (await post(session, url + path, full))["usage"]
+            details = usage.get("prompt_tokens_details") or {}
+            result.append((usage["prompt_tokens"], details.get("cached_tokens") or 0))
+        return result
+
+    async def scenario() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        options = EmulatorOptions(
+            profile=PROFILE,
+            port=0,
+            speed=100.0,
+            served_model_name=VLLM_MODEL,
+            prefix_block_tokens=VLLM_BLOCK,
+            max_model_len_tokens=MAX_MODEL_LEN_TOKENS,
+            tokenizer_dir=str(MODEL_DIR),
+        )
+        runner, url = await start_emulator(options)
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await usages(vllm_url, session), await usages(url, session)
+        finally:
+            await runner.cleanup()
+
+    real, emulated = asyncio.run(asyncio.wait_for(scenario(), 300))
+    assert len(real) == 23
+    assert emulated == real
+    assert sum(cached for _, cached in real) >= 10 * VLLM_BLOCK  # the turns really hit
