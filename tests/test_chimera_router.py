@@ -148,6 +148,15 @@ def test_seconds_per_token_comes_from_the_runtime_predictor() -> None:
         seconds_per_token(Endpoint("x", "no-such-model", "h100", "r"))
 
 
+def test_the_router_says_which_endpoint_it_cannot_price() -> None:
+    """The gateway's start-up check asks the router (check_endpoints), by no name."""
+    router = chimera({"small": 0.5}, seconds_per_token_by_model={"small": 0.01})
+    priced = Endpoint("s", "small", "generic", "r")  # a fixed rate: no profile needed
+    assert router.check_endpoints([priced, Endpoint("p", "llama-3-8b", "h100", "r")]) == []
+    with pytest.raises(ValueError, match="cannot price tokens on endpoint 'x'"):
+        router.check_endpoints([priced, Endpoint("x", "no-such-model", "h100", "r")])
+
+
 def test_inflight_tokens_reset_exactly_when_empty() -> None:
     table = InflightTokens()
     table.add("e", "a", 0.1)

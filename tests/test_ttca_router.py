@@ -327,9 +327,13 @@ def test_bad_parameters_are_refused_by_name(params: dict[str, float], message: s
         TtcaRouter(**params)  # type: ignore[arg-type]
 
 
-def test_the_registry_builds_it_and_an_unknown_profile_is_named() -> None:
+def test_the_registry_builds_it_and_an_unknown_profile_is_timed_from_the_prior() -> None:
     router = ROUTERS.build("ttca", {"slo_mode": True})
     assert isinstance(router, TtcaRouter) and router.slo_mode
     fleet = FleetView([ep("odd", hardware="no-such-gpu")])
-    with pytest.raises(ValueError, match="endpoint 'odd'"):
-        router.route(req(), fleet, 0.0)
+    assert router.route(req(), fleet, 0.0).endpoint == "odd"
+    (note,) = router.check_endpoints([ep("odd", hardware="no-such-gpu")])
+    assert "endpoint 'odd'" in note and "hardware 'no-such-gpu'" in note
+    with pytest.raises(ValueError, match="endpoint 'wide'"):  # what no prior fixes
+        wide = Endpoint(name="wide", model="llama-3-8b", hardware="h100", region="r", num_gpus=3)
+        router.route(req(), FleetView([wide]), 0.0)

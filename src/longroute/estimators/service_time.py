@@ -357,6 +357,16 @@ class EndpointTimeModel:
         self._log_tpot = self._learn(self._log_tpot, observed_s, uncorrected_s)
         self.tpot_correction = math.exp(self._log_tpot)
 
+    def share_corrections(self, learner: EndpointTimeModel) -> None:
+        """Takes ``learner``'s corrections as long as this model has learned none of its
+        own (each kind apart): endpoints timed from the same prior start from what a peer
+        learned, not from the prior, so one that has not answered yet is not priced as the
+        prior says while its peers turned out 10x faster. O(1)."""
+        if self.num_ttft_observed == 0:
+            self._log_ttft, self.ttft_correction = learner._log_ttft, learner.ttft_correction
+        if self.num_tpot_observed == 0:
+            self._log_tpot, self.tpot_correction = learner._log_tpot, learner.tpot_correction
+
     def _learn(self, log_correction: float, observed_s: float, uncorrected_s: float) -> float:
         if not (uncorrected_s > 0.0 and observed_s > 0.0):
             return log_correction

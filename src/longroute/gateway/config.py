@@ -104,8 +104,9 @@ class BackendConfig(_Model):
     region: str = Field("local", description="Region the backend runs in.")
     hardware: str = Field(
         "generic",
-        description="Hardware label for routers; ttca needs a hardware profile (h100, "
-        "a100-80g, ...) here and a model profile as model.",
+        description="Hardware label for routers; ttca times the backend from this hardware "
+        "profile (h100, a100-80g, ..., or a longroute profile file) and the model profile "
+        "named by model, and from a prior it calibrates where either is unknown.",
     )
     max_concurrency: int = Field(64, ge=1, description="Requests in flight at most.")
     api_key_env: str | None = Field(

@@ -9,6 +9,7 @@ listens.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from longroute.clock import WallClock
 from longroute.errors import ConfigError
-from longroute.estimators.parallel import endpoint_predictor
 from longroute.gateway.backends import Backend, build_backends
 from longroute.gateway.config import GatewayConfig, GatewaySecrets
 from longroute.gateway.context_reuse import ContextReuse
@@ -30,14 +30,13 @@ from longroute.gateway.rtt_probe import RttProber
 from longroute.gateway.scrape import EngineScraper
 from longroute.routing import ROUTERS
 from longroute.routing.base import Router
-from longroute.routing.chimera import ChimeraRouter
 from longroute.routing.fleet_view import FleetView, LoadSource
-from longroute.routing.ttca import TtcaRouter
-from longroute.routing.workflow_load import seconds_per_token
 
 if TYPE_CHECKING:
     from longroute.features.tokenize import PromptTokenizer
     from longroute.gateway.engine_truth import EngineTruth
+
+log = logging.getLogger("longroute.gateway")
 
 
 class Wiring:
@@ -162,10 +161,15 @@ def check_router(router: Router, config: GatewayConfig, backends: Mapping[str, B
         where = spec.params.get(kind)
         where = str(where) if isinstance(where, str | Path) else f"router {spec.name!r}'s {kind}"
         check_predictor(getattr(router, kind), kind, served, where)
-    if isinstance(router, ChimeraRouter):  # it prices each endpoint's tokens at first use
-        check_token_prices(spec.params.get("seconds_per_token_by_model") or {}, backends)
-    if isinstance(router, TtcaRouter):  # it times each backend from its profiles
-        check_time_profiles(spec.name, backends)
+    check = getattr(router, "check_endpoints", None)  # BaseRouter's; a bare Router has none
+    if check is None:
+        return
+    try:
+        notes = check([b.endpoint for b in backends.values()])
+    except ValueError as exc:
+        raise ConfigError(f"router {spec.name!r}: {exc}") from None
+    for note in notes:
+        log.warning("%s", note)
 
 
 def build_fleet(
@@ -228,31 +232,6 @@ def build_redactor(secrets: GatewaySecrets, backends: Mapping[str, Backend]) -> 
     what the gateway (or the endpoint picker) shows."""
     keys = [*secrets.backend_api_keys.values(), *(secrets.client_api_keys or ())]
     return Redactor(keys, addresses=[b.base_url for b in backends.values()])
-
-
-def check_time_profiles(router_name: str, backends: Mapping[str, Backend]) -> None:
-    """ConfigError naming the first backend whose ``model`` and ``hardware`` name no
-    model and hardware profile (the router could not predict its times)."""
-    for backend in backends.values():
-        try:
-            endpoint_predictor(backend.endpoint)
-        except ValueError as exc:
-            raise ConfigError(
-                f"router {router_name!r} predicts times from each backend's model and hardware "
-                f"profiles; backend {backend.name!r} (model {backend.model!r}, hardware "
-                f"{backend.endpoint.hardware!r}): {exc}"
-            ) from None
-
-
-def check_token_prices(fixed: Mapping[str, float], backends: Mapping[str, Backend]) -> None:
-    """ConfigError naming the first backend whose tokens chimera cannot price: its model is
-    not in ``seconds_per_token_by_model`` and has no model or hardware profile."""
-    for backend in backends.values():
-        if backend.model not in fixed:
-            try:
-                seconds_per_token(backend.endpoint)
-            except ValueError as exc:
-                raise ConfigError(f"router 'chimera': {exc}") from None
 
 
 def check_predictor(predictor: object, kind: str, served: Collection[str], where: str) -> None:

@@ -17,11 +17,12 @@ The same router objects run in the simulator and the gateway.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Protocol
 
 from longroute.registry import Registry
 from longroute.routing.fleet_view import FleetView, NoCandidateError
-from longroute.types import Request, RouteDecision
+from longroute.types import Endpoint, Request, RouteDecision
 
 
 class Router(Protocol):
@@ -66,6 +67,13 @@ class BaseRouter:
 
     def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
         return None
+
+    def check_endpoints(self, endpoints: Sequence[Endpoint]) -> list[str]:
+        """What this router needs of the endpoints it will serve, checked before it serves
+        them (the gateway calls it at start-up and on every reload, so it knows no router
+        by name): ``ValueError`` naming the first endpoint it cannot serve, else notes for
+        the operator (an endpoint priced from a prior, say). Needs nothing by default."""
+        return []
 
 
 ROUTERS: Registry[Router] = Registry("router", code_params=("rng",))

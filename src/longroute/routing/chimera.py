@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -206,6 +206,14 @@ class ChimeraRouter(BaseRouter):
         programs.move_to_end(program)
         while len(programs) > self.max_programs:
             programs.popitem(last=False)
+
+    def check_endpoints(self, endpoints: Sequence[Endpoint]) -> list[str]:
+        """Every endpoint's tokens can be priced: its model has a fixed rate
+        (``seconds_per_token_by_model``) or profiles to time one from; ``ValueError``
+        naming the first that has neither."""
+        for endpoint in endpoints:
+            self._rate(endpoint)
+        return []
 
     def _rate(self, endpoint: Endpoint) -> float:
         entry = self._rates.get(endpoint.name)

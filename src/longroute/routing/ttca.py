@@ -48,14 +48,20 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
-from longroute.estimators.parallel import endpoint_predictor
+from longroute.estimators.runtime import RuntimePredictor
 from longroute.estimators.service_time import Calibration, EndpointTimeModel, Prediction
 from longroute.routing.base import ROUTERS, BaseRouter, pick_min
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
 from longroute.routing.laar import SuccessModel, penalise_tried, success_probability
-from longroute.routing.ttca_support import Flight, check_params, prefer_meeting
+from longroute.routing.ttca_support import (
+    Flight,
+    check_params,
+    endpoint_time_predictor,
+    prefer_meeting,
+)
 from longroute.types import Endpoint, Request, RouteDecision
 
 RETRY_PRICINGS = ("geometric", "next-model")
@@ -134,6 +140,8 @@ class TtcaRouter(BaseRouter):
         self._last_key: tuple[str, int] | None = None
         self._last: dict[str, tuple[int, int, Prediction, float]] = {}
         self._flights: dict[tuple[str, int], Flight] = {}
+        # endpoints timed from the prior (no profile of their own): they share corrections
+        self._prior_models: list[EndpointTimeModel] = []
 
     # ------------------------------------------------------------------ hot path
 
@@ -272,21 +280,52 @@ class TtcaRouter(BaseRouter):
         floor = max((s for n, s in scores.items() if model_of[n] not in tried), default=0.0)
         penalise_tried(scores, tried_names, floor, tried, self.tried_penalty)
 
+    def check_endpoints(self, endpoints: Sequence[Endpoint]) -> list[str]:
+        """Every endpoint can be timed: from its profiles, or from the prior where it names
+        none (one note each: it is priced from the prior until calibrated). ``ValueError``
+        for an endpoint that cannot (a measured-engine file that does not load, a layout
+        its model cannot split into)."""
+        notes = []
+        for endpoint in endpoints:
+            note = self._predictor(endpoint)[1]
+            if note is not None:
+                notes.append(f"ttca: {note}")
+        return notes
+
+    def _predictor(self, endpoint: Endpoint) -> tuple[RuntimePredictor, str | None]:
+        try:
+            return endpoint_time_predictor(endpoint)
+        except ValueError as exc:
+            raise ValueError(
+                f"ttca: cannot predict times for endpoint {endpoint.name!r} "
+                f"({endpoint.model} on {endpoint.num_gpus} x {endpoint.hardware}): {exc}"
+            ) from exc
+
     def _time_model(self, endpoint: Endpoint) -> EndpointTimeModel:
         entry = self._models.get(endpoint.name)
         if entry is None or (entry[0] is not endpoint and entry[0] != endpoint):
-            try:
-                predictor = endpoint_predictor(endpoint)
-            except ValueError as exc:
-                raise ValueError(
-                    f"ttca: cannot predict times for endpoint {endpoint.name!r} "
-                    f"({endpoint.model} on {endpoint.num_gpus} x {endpoint.hardware}): {exc}"
-                ) from exc
+            predictor, note = self._predictor(endpoint)
             model = EndpointTimeModel(
                 predictor, endpoint.max_num_batched_tokens, self.calibration_alpha
             )
+            peers = self._prior_models
+            if entry is not None and entry[1] in peers:  # the name came back changed
+                peers.remove(entry[1])
             entry = self._models[endpoint.name] = (endpoint, model)
+            if note is not None:  # timed from the prior: starts from what its peers learned
+                if peers:
+                    model.share_corrections(
+                        max(peers, key=lambda p: p.num_ttft_observed + p.num_tpot_observed)
+                    )
+                peers.append(model)
         return entry[1]
+
+    def _share(self, learner: EndpointTimeModel) -> None:
+        """A prior-timed endpoint learned: its prior-timed peers that have not yet take it."""
+        if learner in self._prior_models:
+            for peer in self._prior_models:
+                if peer is not learner:
+                    peer.share_corrections(learner)
 
     # ------------------------------------------------------------------ hooks
 
@@ -325,6 +364,7 @@ class TtcaRouter(BaseRouter):
             model.observe_ttft(
                 flight.rtt_s + p.ttft_engine_s, observed, p.prefill_s, observed - flight.rtt_s
             )
+            self._share(model)
 
     def on_complete(self, request: Request, endpoint: str, now_s: float, is_ok: bool) -> None:
         key = (request.request_id, request.attempt)
@@ -338,6 +378,7 @@ class TtcaRouter(BaseRouter):
             observed = (now_s - first_s) / (out - 1)
             p = flight.prediction
             flight.model.observe_tpot(p.tpot_s, observed, p.step_s)
+            self._share(flight.model)
 
     def adopt_state(self, old: TtcaRouter) -> None:
         """Takes over what ``old`` learned and counts (a gateway reload changed the router's
@@ -348,6 +389,7 @@ class TtcaRouter(BaseRouter):
             model.alpha = self.calibration_alpha
         self._models.update(old._models)
         self._flights.update(old._flights)
+        self._prior_models = old._prior_models + self._prior_models
 
     # ------------------------------------------------------------------ reads
 

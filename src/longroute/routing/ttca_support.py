@@ -1,11 +1,67 @@
 """The ttca router's pieces that are not the decision: an attempt in flight, SLO-mode
-ranking and parameter checks (:mod:`longroute.routing.ttca`)."""
+ranking, parameter checks and the prior of an endpoint without profiles
+(:mod:`longroute.routing.ttca`)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+from longroute.estimators.measured_engine import is_measured_engine_ref
+from longroute.estimators.parallel import endpoint_predictor
+from longroute.estimators.profiles import (
+    hardware_profile_names,
+    model_profile_names,
+)
+from longroute.estimators.runtime import RuntimePredictor
 from longroute.estimators.service_time import EndpointTimeModel, Prediction
+from longroute.types import Endpoint
+
+PRIOR_MODEL = "llama-3-8b"
+PRIOR_HARDWARE = "a100-80g"
+"""What an endpoint whose ``model`` or ``hardware`` names no bundled profile is first timed
+as (a common 8B model on a common GPU, one of it): the router's self-calibration then
+learns that endpoint's own TTFT and TPOT scale from its answers (docs/ttca.md)."""
+
+
+def endpoint_time_predictor(endpoint: Endpoint) -> tuple[RuntimePredictor, str | None]:
+    """``endpoint``'s runtime predictor and None; or, where its model or hardware names no
+    bundled profile (the gateway's default hardware ``generic``, a served model name such
+    as ``meta-llama/Llama-3-8B``), the prior's predictor (:data:`PRIOR_MODEL` on
+    :data:`PRIOR_HARDWARE` where the name is unknown, the endpoint's own profile where it
+    is known) and a note saying so. Raises ``ValueError`` for what no prior fixes: a
+    measured-engine file that does not load, or a layout its known model cannot split into."""
+    try:
+        return endpoint_predictor(endpoint), None
+    except ValueError:
+        is_model_known = endpoint.model in model_profile_names()
+        is_hardware_known = endpoint.hardware in hardware_profile_names()
+        # a file that does not load, or known profiles in a layout the model cannot split
+        # into: a configuration error that no prior fixes
+        if is_measured_engine_ref(endpoint.hardware) or (is_model_known and is_hardware_known):
+            raise
+    prior = replace(
+        endpoint,
+        model=endpoint.model if is_model_known else PRIOR_MODEL,
+        hardware=endpoint.hardware if is_hardware_known else PRIOR_HARDWARE,
+        num_gpus=1,
+        spp_degree=1,
+        kvp_degree=1,
+    )
+    unknown = [
+        f"{kind} {name!r}"
+        for kind, name, known in (
+            ("model", endpoint.model, is_model_known),
+            ("hardware", endpoint.hardware, is_hardware_known),
+        )
+        if not known
+    ]
+    note = (
+        f"endpoint {endpoint.name!r}: no profile for its {' or '.join(unknown)}; timed as "
+        f"{prior.model} on {prior.num_gpus} x {prior.hardware} until its answers calibrate it "
+        f"(known hardware: {', '.join(hardware_profile_names())})"
+    )
+    return endpoint_predictor(prior), note
 
 
 class Flight:
