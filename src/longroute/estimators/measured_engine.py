@@ -6,7 +6,7 @@ separator) gets :class:`~longroute.estimators.runtime_measured.MeasuredPredictor
 instead of the roofline. The schema (every key required unless marked optional)::
 
     kind: measured-engine
-    schema_version: 1
+    schema_version: 2                      # 1: the same without ``frontend``
     provenance: {target_model, api, measured_at, longroute_version}
     limits:
       max_model_len_tokens: 2048          # /v1/models max_model_len, or probed
@@ -20,6 +20,10 @@ instead of the roofline. The schema (every key required unless marked optional):
     decode:    # one decode iteration of B sequences holding C KV tokens in all:
       #   fixed_s + s_per_sequence * B + s_per_context_token * C
       fixed_s, s_per_sequence, s_per_context_token, r2, holdout_mape, num_samples
+    frontend:  # optional (schema 2): the API server's work per request on the engine's core
+      #   TTFT of a request arriving while another decodes, less its lone TTFT, less the
+      #   engine model's own wait for it (half a step, its decode's share of the step)
+      s_per_request, lone_ttft_s, busy_ttft_s, busy_step_s, num_samples
     measurements:                          # medians per grid point (optional)
       prefill: [[uncached_tokens, cached_tokens, ttft_s], ...]
       decode: [[batch, context_tokens, step_s], ...]
@@ -44,7 +48,9 @@ from longroute.errors import yaml_error_message
 from longroute.estimators.profiles import ProfileError
 
 KIND = "measured-engine"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
+"""Versions this module reads: 1 is 2 without the optional ``frontend`` section."""
 
 
 def is_measured_engine_ref(hardware: str) -> bool:
@@ -116,19 +122,39 @@ class DecodeFit:
 
 
 @dataclass(frozen=True, slots=True)
+class FrontendFit:
+    """The engine's front end (API server) as it shares the engine's cores.
+
+    ``s_per_request``: seconds of engine time one new request's front-end work takes
+    when it arrives while the engine is busy (tokenizing, templating, the first event:
+    on a CPU engine the API server runs on the engine's pinned core). A lone request
+    pays it as plain latency (inside ``prefill.fixed_s``); a busy engine loses it.
+    The other fields record what it was derived from (medians, seconds)."""
+
+    s_per_request: float
+    lone_ttft_s: float
+    busy_ttft_s: float
+    busy_step_s: float
+    num_samples: int
+
+
+@dataclass(frozen=True, slots=True)
 class MeasuredEngine:
-    """A whole ``kind: measured-engine`` file (module doc)."""
+    """A whole ``kind: measured-engine`` file (module doc); ``frontend`` is None for a
+    schema-1 file (or an engine whose front end was not measured)."""
 
     provenance: Provenance
     limits: EngineLimits
     prefill: PrefillFit
     decode: DecodeFit
+    frontend: FrontendFit | None = None
     prefill_points: tuple[tuple[int, int, float], ...] = ()
     decode_points: tuple[tuple[int, int, float], ...] = ()
 
 
 _COEFFICIENTS = ("fixed_s", "s_per_token", "s_per_pair", "s_per_cached_token",
-                 "s_per_sequence", "s_per_context_token")  # fmt: skip
+                 "s_per_sequence", "s_per_context_token", "s_per_request", "lone_ttft_s",
+                 "busy_ttft_s", "busy_step_s")  # fmt: skip
 
 
 def _section(cls: type[Any], data: object, where: str) -> Any:
@@ -185,17 +211,24 @@ def _points(data: object, where: str) -> tuple[tuple[int, int, float], ...]:
     return tuple(out)
 
 
+def _frontend(data: object, where: str) -> FrontendFit | None:
+    return None if data is None else _section(FrontendFit, data, where)
+
+
 def parse_measured_engine(data: object, source: str) -> MeasuredEngine:
     """A :class:`MeasuredEngine` from parsed YAML; ProfileError naming ``source`` if bad."""
     if not isinstance(data, Mapping):
         raise ProfileError(f"{source}: expected a mapping, got {type(data).__name__}")
     if data.get("kind") != KIND:
         raise ProfileError(f"{source}: kind must be {KIND!r}, got {data.get('kind')!r}")
-    if data.get("schema_version") != SCHEMA_VERSION:
+    version = data.get("schema_version")
+    if version not in READABLE_SCHEMA_VERSIONS:
         raise ProfileError(
-            f"{source}: schema_version must be {SCHEMA_VERSION}, got {data.get('schema_version')!r}"
+            f"{source}: schema_version must be one of {READABLE_SCHEMA_VERSIONS}, got {version!r}"
         )
     known = {"kind", "schema_version", "provenance", "limits", "prefill", "decode", "measurements"}
+    if version >= 2:
+        known.add("frontend")
     unknown = sorted(set(map(str, data)) - known)
     if unknown:
         raise ProfileError(
@@ -209,6 +242,7 @@ def parse_measured_engine(data: object, source: str) -> MeasuredEngine:
         limits=_section(EngineLimits, data.get("limits"), f"{source}: limits"),
         prefill=_section(PrefillFit, data.get("prefill"), f"{source}: prefill"),
         decode=_section(DecodeFit, data.get("decode"), f"{source}: decode"),
+        frontend=_frontend(data.get("frontend"), f"{source}: frontend"),
         prefill_points=_points(points.get("prefill"), f"{source}: measurements.prefill"),
         decode_points=_points(points.get("decode"), f"{source}: measurements.decode"),
     )
@@ -216,18 +250,21 @@ def parse_measured_engine(data: object, source: str) -> MeasuredEngine:
 
 def measured_engine_dict(engine: MeasuredEngine) -> dict[str, Any]:
     """The YAML-ready mapping of ``engine`` (the inverse of :func:`parse_measured_engine`)."""
-    return {
+    out: dict[str, Any] = {
         "kind": KIND,
         "schema_version": SCHEMA_VERSION,
         "provenance": dataclasses.asdict(engine.provenance),
         "limits": dataclasses.asdict(engine.limits),
         "prefill": dataclasses.asdict(engine.prefill),
         "decode": dataclasses.asdict(engine.decode),
-        "measurements": {
-            "prefill": [list(p) for p in engine.prefill_points],
-            "decode": [list(p) for p in engine.decode_points],
-        },
     }
+    if engine.frontend is not None:
+        out["frontend"] = dataclasses.asdict(engine.frontend)
+    out["measurements"] = {
+        "prefill": [list(p) for p in engine.prefill_points],
+        "decode": [list(p) for p in engine.decode_points],
+    }
+    return out
 
 
 def write_measured_engine(engine: MeasuredEngine, path: Path) -> None:

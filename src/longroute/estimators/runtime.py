@@ -248,6 +248,12 @@ class RuntimePredictor:
         its first token: 0 without a pipeline to drain (SPP: estimators/parallel.py)."""
         return 0.0
 
+    def shared_frontend_s(self) -> float:
+        """Engine seconds a request's front-end work (API server) takes from a busy engine
+        when it arrives: 0 here, a GPU engine's front end runs on other (host) cores
+        (a measured CPU engine's: estimators/runtime_measured.py)."""
+        return 0.0
+
     # ------------------------------------------------------------- whole prompts
 
     def prefill_flops(self, num_tokens: int, *, is_causal: bool = True) -> float:

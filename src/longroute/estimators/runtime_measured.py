@@ -16,9 +16,16 @@ prefill chunks and decodes sums the measured parts, as the roofline sums its ter
 Why ``decode.fixed_s`` is the step overhead: a streamed decode gap is one engine
 step, so its intercept is the step's fixed cost; a lone TTFT's intercept also holds
 the API server's per-request work (HTTP, tokenizing, detokenizing, the first SSE
-event), which does not hold the engine. That excess, ``prefill.fixed_s -
-decode.fixed_s`` (0 if negative), is :meth:`MeasuredPredictor.first_token_delay_s`:
-a lone prefill's first token then arrives exactly at the fitted TTFT. Mixed batches
+event). At an idle engine that work is plain latency: ``prefill.fixed_s -
+decode.fixed_s`` (0 if negative) is :meth:`MeasuredPredictor.first_token_delay_s`,
+and a lone prefill's first token arrives exactly at the fitted TTFT. Where the front
+end shares the engine's cores (a CPU engine: the API server, the engine core and the
+worker on one pinned core), a request that arrives while the engine is busy takes
+``frontend.s_per_request`` of engine time: :meth:`MeasuredPredictor.shared_frontend_s`,
+which the simulator's engine charges as occupancy (``sim/engine.py``). A profile
+without a ``frontend`` section (schema 1) charges nothing. The front end's work per
+streamed token needs no term of its own: the decode fit's steps were measured
+streamed, with it inside them. Mixed batches
 were not measured: summing assumes prefill and decode work do not overlap in time,
 which holds for a CPU engine and over-predicts a memory-bound GPU decode that rides
 along a prefill (the roofline's max is not recoverable from outside).
@@ -65,6 +72,7 @@ class MeasuredPredictor(RuntimePredictor):
         self._s_per_cached_token = p.s_per_cached_token * k
         self._decode_s_per_seq = d.s_per_sequence * k
         self._decode_s_per_ctx = d.s_per_context_token * k
+        self._frontend_s = engine.frontend.s_per_request * k if engine.frontend else 0.0
 
     @property
     def model(self) -> ModelProfile:
@@ -120,6 +128,10 @@ class MeasuredPredictor(RuntimePredictor):
     def first_token_delay_s(self, iteration_s: float) -> float:
         """The API server's per-request time beyond an engine step (module doc)."""
         return self._request_s
+
+    def shared_frontend_s(self) -> float:
+        """``frontend.s_per_request`` (scaled by the slowdown), 0 without it (module doc)."""
+        return self._frontend_s
 
     def prefill_flops(self, num_tokens: int, *, is_causal: bool = True) -> float:
         raise ProfileError("a measured engine profile has times, not FLOPs")

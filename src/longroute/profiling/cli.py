@@ -116,6 +116,15 @@ def print_profile(console: Console, engine: MeasuredEngine, reports_cached: bool
     table.add_row("decode step fixed", f"{d.fixed_s * 1e3:.2f} ms", quality_d)
     table.add_row("decode per sequence", f"{d.s_per_sequence * 1e3:.3f} ms", "")
     table.add_row("decode per context token", f"{d.s_per_context_token * 1e6:.4f} µs", "")
+    f = engine.frontend
+    if f is not None:
+        table.add_row(
+            "front end per request (busy engine)", f"{f.s_per_request * 1e3:.2f} ms",
+            f"TTFT {f.lone_ttft_s * 1e3:.1f} ms lone, {f.busy_ttft_s * 1e3:.1f} ms busy "
+            f"({f.num_samples} pairs)",
+        )  # fmt: skip
+    else:
+        table.add_row("front end per request (busy engine)", "not measured", "")
     table.add_row("max_model_len", f"{lim.max_model_len_tokens} tokens", "")
     table.add_row("KV capacity", f"{lim.kv_capacity_tokens} tokens", escape(lim.kv_capacity_source))
     console.print(table)

@@ -17,6 +17,12 @@ from datetime import UTC, datetime
 from longroute.estimators.measured_engine import MeasuredEngine, Provenance
 from longroute.profiling.client import EngineClient
 from longroute.profiling.fit import fit_all
+from longroute.profiling.frontend import (
+    FrontendSample,
+    fit_frontend,
+    measure_frontend,
+    num_pairs,
+)
 from longroute.profiling.limits import discover
 from longroute.profiling.measure import (
     DecodeSample,
@@ -48,6 +54,7 @@ class ProfileRun:
 
     engine: MeasuredEngine
     measurements: Measurements
+    frontend_samples: tuple[FrontendSample, ...] = ()
 
 
 def _median_rows(rows: Iterable[tuple[int, int, float]]) -> tuple[tuple[int, int, float], ...]:
@@ -87,8 +94,10 @@ async def profile_engine(
         limits = found.limits
         longest = _max_prompt(limits.max_model_len_tokens, options)
         plan = make_plan(longest, limits.kv_capacity_tokens, quick=options.quick)
-        on_plan(plan.num_requests)
+        pairs = num_pairs(options.quick)
+        on_plan(plan.num_requests + 3 * pairs)
         measured = await measure(client, found.api, plan, prompts, rng, on_request)
+        frontend = await measure_frontend(client, found.api, prompts, rng, pairs, on_request)
     fits = fit_all(measured)
     provenance = Provenance(
         target_model=model,
@@ -101,10 +110,11 @@ async def profile_engine(
         limits=limits,
         prefill=fits.prefill,
         decode=fits.decode,
+        frontend=fit_frontend(frontend, fits.decode),
         prefill_points=_median_rows(_prefill_rows(measured.prefill)),
         decode_points=_median_rows(_decode_rows(measured.decode)),
     )
-    return ProfileRun(engine, measured)
+    return ProfileRun(engine, measured, frontend)
 
 
 def _max_prompt(max_model_len_tokens: int, options: ProfileOptions) -> int:

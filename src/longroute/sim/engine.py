@@ -26,6 +26,13 @@ Speed, without losing iteration-level fidelity:
 
 Under SPP a first token is reported when it leaves the pipeline, after its last
 round; under KVP round times sum per sequence (:mod:`longroute.sim.parallel_engine`).
+
+A front end that shares the engine's cores (``predictor.shared_frontend_s()`` > 0: a
+measured CPU engine) takes that many seconds from a busy engine per arriving request:
+the iteration in flight ends that much later, and the request joins the queue that
+much after it arrived (its front-end work, run beside the engine, took twice as long
+as alone). At an idle engine nothing changes: the predictor's first-token delay holds
+the front end's time as latency.
 """
 
 from __future__ import annotations
@@ -105,8 +112,12 @@ class EngineModel:
         self._plan: list[tuple[Sequence, int]] = []
         self._plan_num_decodes = 0
         self._stretch: tuple[float, int, int, int] | None = None  # t0, steps, B, C0
+        self._is_stretch_held = False  # a front end delayed it: it ends with its step then
         self._iteration_s = 0.0  # predicted time of the iteration in flight
+        self._iteration_end_s = 0.0  # when it ends
         self._is_busy = False
+        self._frontend_s = predictor.shared_frontend_s()
+        self._ingesting: list[Sequence] = []  # front end still at work (module doc)
 
     # ---- public --------------------------------------------------------
     def submit(
@@ -126,6 +137,35 @@ class EngineModel:
                 f"{cache_block_tokens}-token blocks"
             )
         seq = Sequence(request, now_s, tag, num_output_tokens)
+        if self._frontend_s > 0.0 and self._is_busy:
+            self._hold(now_s, self._frontend_s)
+            self._ingesting.append(seq)
+            self.loop.at(now_s + self._frontend_s, self._on_ingested, seq)
+            return seq
+        self._enqueue(seq, now_s)
+        return seq
+
+    def _on_ingested(self, seq: Sequence, _: object) -> None:
+        if seq in self._ingesting:  # else aborted meanwhile
+            self._ingesting.remove(seq)
+            self._enqueue(seq, self.loop.now_s)
+
+    def _hold(self, now_s: float, hold_s: float) -> None:
+        """The work in flight ends ``hold_s`` later: a front end took the core (module doc)."""
+        self._version += 1
+        if self._stretch is not None:
+            self._cut_stretch(now_s)  # the steps after the one in progress start afresh
+            self._version += 1
+            t0, num_steps, batch, ctx = self._stretch
+            self._stretch = (t0 + hold_s, num_steps, batch, ctx)
+            self._is_stretch_held = True
+            t_end = t0 + hold_s + self.predictor.decode_stretch_time_s(batch, ctx, num_steps)
+            self.loop.at(t_end, self._on_stretch_end, self._version)
+            return
+        self._iteration_end_s += hold_s
+        self.loop.at(self._iteration_end_s, self._on_iteration_end, self._version)
+
+    def _enqueue(self, seq: Sequence, now_s: float) -> None:
         if self._observe_iterations is not None and self._stretch is not None:
             self._observe_mid_stretch(now_s)
         self.queue.push(seq, now_s)
@@ -133,7 +173,6 @@ class EngineModel:
             self._step(now_s)
         elif self._stretch is not None and self.num_running < self.max_num_seqs:
             self._cut_stretch(now_s)
-        return seq
 
     def abort(self, seq: Sequence, now_s: float) -> bool:
         """Drop a request whose client went away, freeing its seat and KV memory now.
@@ -151,6 +190,8 @@ class EngineModel:
             self.prefilling.remove(seq)
         elif seq in self.draining:
             self.draining.remove(seq)
+        elif seq in self._ingesting:
+            self._ingesting.remove(seq)
         elif not self.queue.remove(seq):
             return False
         self.kv.release(seq)
@@ -268,7 +309,8 @@ class EngineModel:
         self._plan_num_decodes = num_decodes
         self._stretch = None
         self._iteration_s = self._plan_time_s(plan, num_decodes)
-        self.loop.at(now_s + self._iteration_s, self._on_iteration_end, self._version)
+        self._iteration_end_s = now_s + self._iteration_s
+        self.loop.at(self._iteration_end_s, self._on_iteration_end, self._version)
 
     def _plan_time_s(self, plan: list[tuple[Sequence, int]], num_decodes: int) -> float:
         if self._is_kvp:
@@ -301,6 +343,7 @@ class EngineModel:
             return False
         ctx = self.decoding.context_tokens
         self._stretch = (now_s, num_steps, batch, ctx)
+        self._is_stretch_held = False
         t_end = now_s + self.predictor.decode_stretch_time_s(batch, ctx, num_steps)
         self.loop.at(t_end, self._on_stretch_end, self._version)
         return True
@@ -309,7 +352,7 @@ class EngineModel:
         """Work arrived mid-stretch: end it after the iteration in progress."""
         assert self._stretch is not None
         t0, num_steps, batch, ctx = self._stretch
-        num_done, _ = self.predictor.decode_steps_within(batch, ctx, now_s - t0, num_steps)
+        num_done = self._steps_done(now_s)
         num_new = num_done + 1
         if num_new >= num_steps:
             return
@@ -322,9 +365,16 @@ class EngineModel:
         """Tell an aging queue the iterations done so far, as stepping would have: a
         request that arrives mid-stretch is passed over only by the iterations after it."""
         assert self._stretch is not None and self._observe_iterations is not None
+        self._observe_iterations(self.num_iterations + self._steps_done(now_s), now_s)
+
+    def _steps_done(self, now_s: float) -> int:
+        """Steps of the stretch in flight done by ``now_s``; once held (``_hold``), it ends
+        with the step that was in progress, so all but its last."""
+        assert self._stretch is not None
         t0, num_steps, batch, ctx = self._stretch
-        num_done, _ = self.predictor.decode_steps_within(batch, ctx, now_s - t0, num_steps)
-        self._observe_iterations(self.num_iterations + num_done, now_s)
+        if self._is_stretch_held:
+            return num_steps - 1
+        return self.predictor.decode_steps_within(batch, ctx, now_s - t0, num_steps)[0]
 
     def _on_stretch_end(self, version: int, _: object) -> None:
         if version != self._version or self._stretch is None:
