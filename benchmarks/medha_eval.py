@@ -15,6 +15,12 @@ Goals (issue 15), at 0.75 QPS: Medha's short-request TTFT p50 >= 10x and p90
 >= 20x lower than Sarathi-FCFS-2048's (median of per-seed ratios); its decode
 TPOT p99 (per-request mean TPOT) within t_target + 10%; every long request
 completes in every seed; its long-request TTFT p50 at most 1.5x Sarathi-2048's.
+Issue 34, item 4 (``item4`` in the JSON, and a short table): Medha's multi-prefill
+gain over LARS without it (LARS / Medha short TTFT p50 and p90 per seed: median, 95%
+CI, seeds where Medha is lower) at every load, and what a short prefill riding with a
+late chunk of a long one costs in the predictor and gets from the packer
+(``medha_slack_probe.py``; docs/medha.md explains both).
+
 The last line is one JSON object with every figure and the goals.
 """
 
@@ -34,11 +40,13 @@ from longroute.sim.engine_variants import apply_engine
 from longroute.sim.scenario import load_scenario, run_scenario
 from longroute.sweep.spec import parse_seeds
 from longroute.sweep.stats import median_estimate, paired_ratio
+from medha_slack_probe import slack_answer
 
 REFERENCE = "sarathi-2048"
 MEDHA = "medha"
 GOAL_LOAD = 0.75
 Job = tuple[float, str, int, int]  # (rate per s, engine, seed, num_sessions)
+Runs = dict[tuple[float, str], list[dict[str, Any]]]  # (load, engine) -> per-seed metrics
 
 
 def _config(rate: float, num_sessions: int) -> ScenarioConfig:
@@ -108,9 +116,7 @@ TABLES = (
 )  # fmt: skip
 
 
-def _print_tables(
-    loads: list[float], engines: list[str], by: dict[tuple[float, str], list]
-) -> None:
+def _print_tables(loads: list[float], engines: list[str], by: Runs) -> None:
     """Three narrow tables per load (each under 100 columns): medians over seeds [95% CI]."""
     for rate in loads:
         for title, columns in TABLES:
@@ -131,7 +137,7 @@ def _print_tables(
         print("long done: completed / sent over all seeds (completed by the last arrival)")
 
 
-def _ratios(by: dict[tuple[float, str], list], rate: float, engine: str, key: str) -> dict | None:
+def _ratios(by: Runs, rate: float, engine: str, key: str) -> dict[str, Any] | None:
     """``engine``'s metric over the reference's, per seed (lower is better)."""
     ref = by[(rate, REFERENCE)]
     mine = by[(rate, engine)]
@@ -152,7 +158,7 @@ def _ratios(by: dict[tuple[float, str], list], rate: float, engine: str, key: st
 ABLATION = ("fcfs", "edf", "lrs", "lars", "medha")  # Medha's Fig. 13 (all with time budgets)
 
 
-def _ablation(by: dict[tuple[float, str], list], rate: float) -> dict[str, Any]:
+def _ablation(by: Runs, rate: float) -> dict[str, Any]:
     """Fig. 13's ranking at ``rate``: engines ordered best first by the median over seeds
     of short TTFT p50 and p90 and long TTFT p90, and the paper's claims checked."""
     names = [e for e in ABLATION if (rate, e) in by]
@@ -177,6 +183,55 @@ def _ablation(by: dict[tuple[float, str], list], rate: float) -> dict[str, Any]:
             "medha_best_short_p50": out["short_ttft_p50_s"][0] == "medha",
         }
     return out
+
+
+def _multi_prefill_gain(by: Runs, rate: float) -> dict[str, Any]:
+    """Medha's gain over LARS without multi-prefill batching (Fig. 13: 1.6-1.8x on the
+    short median): LARS / Medha per seed, median with 95% CI, seeds where Medha is lower."""
+    out: dict[str, Any] = {}
+    if (rate, "lars") not in by or (rate, MEDHA) not in by:
+        return out
+    for key in ("short_ttft_p50_s", "short_ttft_p90_s"):
+        pairs = [
+            (lars[key], medha[key])
+            for lars, medha in zip(by[(rate, "lars")], by[(rate, MEDHA)], strict=True)
+            if lars[key] is not None and medha[key]
+        ]
+        if not pairs:
+            continue
+        ratio = paired_ratio([a for a, _ in pairs], [b for _, b in pairs], is_lower_better=False)
+        e = ratio.estimate
+        out[key] = {
+            "lars_over_medha": e.median,
+            "ci": list(e.ci) if e.ci else None,
+            "seeds_medha_lower": ratio.num_wins,
+            "num_seeds": ratio.num_seeds,
+        }
+    return out
+
+
+def _item4(by: Runs, loads: list[float]) -> dict[str, Any]:
+    """Issue 34 item 4: the slack the predictor leaves a rider (medha_slack_probe.py)
+    and the multi-prefill gain it buys at every load."""
+    gains = {f"{rate:g}": _multi_prefill_gain(by, rate) for rate in loads}
+    print("\nmulti-prefill gain, LARS / Medha short TTFT p50 (paper Fig. 13: 1.6-1.8x):")
+    for rate, gain in gains.items():
+        g = gain.get("short_ttft_p50_s")
+        if g:
+            ci = "[" + ", ".join(f"{x:.2f}" for x in g["ci"]) + "]" if g["ci"] else ""
+            lower = f"Medha lower on {g['seeds_medha_lower']} of {g['num_seeds']} seeds"
+            print(f"  {rate:>5} QPS  {g['lars_over_medha']:>6.2f}x {ci:<16} {lower}")
+    slack = slack_answer()
+    print("rider cost in one iteration with a late chunk of a long prefill (50 ms budget):")
+    for context, a in slack.items():
+        print(
+            f"  {int(context):>9,} context: chunk {a['late_chunk_tokens']}, rider "
+            f"{a['rider_us_per_token_k1']}-{a['rider_us_per_token_k4096']} us/token for "
+            f"1-4096 tokens, knee {a['knee_tokens_predictor']} (measured GEMMs: "
+            f"{a['knee_tokens_measured_linear']}); 2000-token rider gets "
+            f"{a['short_chunk_by_rho']}"
+        )
+    return {"multi_prefill_gain": gains, "rider_slack": slack}
 
 
 def _goal(target: str, value: float | None, met: bool | None) -> dict[str, Any]:
@@ -233,6 +288,7 @@ def main() -> int:
                 ratios[f"{rate:g}/{engine}/{key}"] = _ratios(by, rate, engine, key)
     report["ratios_vs_" + REFERENCE.replace("-", "_")] = ratios
     report["ablation"] = {f"{rate:g}": _ablation(by, rate) for rate in loads}
+    report["item4"] = _item4(by, loads)
 
     goals: dict[str, Any] = {}
     if GOAL_LOAD in loads and len(seeds) >= 5:
