@@ -138,9 +138,12 @@ def _profile(args: argparse.Namespace, engine: live.Proc, out: Path) -> Path:
     if args.profile is not None:
         return Path(args.profile).resolve()
     path = out / "engine.yaml"
-    print(f"profiling {engine.url} (longroute profile --quick) ...", flush=True)
+    stat = args.prefill_statistic
+    print(f"profiling {engine.url} (longroute profile --quick --prefill-statistic {stat}) ...",
+          flush=True)  # fmt: skip
     cmd = [str(Path(sys.executable).parent / "longroute"), "profile", "--target", engine.url,
-           "--model", live.MODEL, "--quick", "-o", str(path)]  # fmt: skip
+           "--model", live.MODEL, "--quick", "--prefill-statistic", stat,
+           "-o", str(path)]  # fmt: skip
     import subprocess
 
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -263,6 +266,7 @@ def _report(
         "capacity_note": "two engines, one request at a time each, from the profile",
         "loads_req_per_s": {k: round(v, 3) for k, v in plan["rates"].items()},
         "profile": str(engine_yaml),
+        "prefill_statistic": None if args.profile else args.prefill_statistic,
         "goals": sim_goals,
         "emulator_goals": goals(real, emu) if emu else None,
         "lone_ttft_tokens_s": plan.get("lone_ttft"),
@@ -281,6 +285,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="runs; medians over them (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=Path, default=None, help="a measured engine.yaml to reuse")
+    p.add_argument("--prefill-statistic", choices=("fastest", "median"), default="fastest",
+                   help="which repeat of a length the profile's prefill fit takes")  # fmt: skip
     p.add_argument("--no-emulator", action="store_true", help="skip the emulator's runs")
     p.add_argument("--out", type=Path, default=Path("reports/sim_fidelity"))
     return p.parse_args()

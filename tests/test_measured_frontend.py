@@ -182,3 +182,20 @@ def test_with_the_front_end_fast_forward_still_matches_stepping() -> None:
     for key, a in fast.items():
         assert a.ttft_s == pytest.approx(slow[key].ttft_s, rel=1e-9, abs=1e-9)
         assert a.e2e_s == pytest.approx(slow[key].e2e_s, rel=1e-9, abs=1e-9)
+
+
+# ---- the prefill statistic -------------------------------------------------
+
+
+def test_the_prefill_statistic_keeps_the_floor_or_the_typical_repeat() -> None:
+    from longroute.profiling.measure import PrefillSample, _fastest, _median, make_plan
+
+    repeats = [PrefillSample(300, 0, t) for t in (0.031, 0.018, 0.022, 0.019, 0.040)]
+    assert _fastest(repeats).ttft_s == 0.018
+    assert _median(repeats).ttft_s == 0.022
+    assert _median(repeats[:4]).ttft_s == 0.019  # the lower of the middle two
+    assert make_plan(2000, 500_000, quick=True).prefill_statistic == "fastest"
+    plan = make_plan(2000, 500_000, quick=True, prefill_statistic="median")
+    assert plan.prefill_statistic == "median"
+    with pytest.raises(ValueError, match="prefill_statistic must be one of"):
+        make_plan(2000, 500_000, quick=True, prefill_statistic="mean")  # type: ignore[arg-type]

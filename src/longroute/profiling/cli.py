@@ -50,6 +50,13 @@ def profile_command(
         str | None, typer.Option(help="Environment variable holding the target's API key.")
     ] = None,
     timeout_s: Annotated[float, typer.Option(help="Seconds one request may take.")] = 120.0,
+    prefill_statistic: Annotated[
+        str,
+        typer.Option(
+            help="Which of a prompt length's repeats the prefill fit takes: 'fastest' (the "
+            "engine's floor) or 'median' (a typical request on this host)."
+        ),
+    ] = "fastest",
 ) -> None:
     """Measure an OpenAI-compatible engine's prefill and decode times and limits, fit a
     profile the simulator, the emulator and ttca load (as an endpoint's hardware)."""
@@ -57,6 +64,7 @@ def profile_command(
 
     from longroute.estimators.measured_engine import write_measured_engine
     from longroute.profiling.client import TargetError
+    from longroute.profiling.measure import PrefillStatistic
     from longroute.profiling.run import ProfileOptions
 
     if max_prompt_tokens < 64:
@@ -68,7 +76,10 @@ def profile_command(
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise _fail(f"--api-key-env {api_key_env}: that environment variable is not set")
-    options = ProfileOptions(quick, seed, api_key, max_prompt_tokens, timeout_s)
+    if prefill_statistic not in ("fastest", "median"):
+        raise _fail(f"--prefill-statistic must be fastest or median, got {prefill_statistic!r}")
+    statistic: PrefillStatistic = "median" if prefill_statistic == "median" else "fastest"
+    options = ProfileOptions(quick, seed, api_key, max_prompt_tokens, timeout_s, statistic)
     try:
         run = asyncio.run(_run_with_progress(target, model, options))
         write_measured_engine(run.engine, output)

@@ -8,7 +8,8 @@ Called once per run by :mod:`longroute.profiling.cli`, after the limits are know
 2. **prefill**: one request at a time (the engine otherwise idle), ``max_tokens``
    1, prompts of random words (every prompt differs from its first word, so no
    prefix cache hits) at lengths spread geometrically up to the largest prompt;
-   each length ``repeats`` times, shuffled, and the fastest kept per length. Held-out
+   each length ``repeats`` times, shuffled, and the fastest (or, with
+   ``prefill_statistic="median"``, the median) kept per length. Held-out
    lengths (geometric midpoints) are measured the same way and only judge the fit.
 3. **cached prefill**: a prompt, then the same prompt again; the second TTFT with
    ``usage.prompt_tokens_details.cached_tokens`` (skipped where not reported).
@@ -31,6 +32,7 @@ import secrets
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from longroute.profiling.client import Api, EngineClient, StreamResult, TargetError
 
@@ -43,6 +45,8 @@ WORD_TEXT = (
     "river stone garden window paper music table green quick small bright early"
 )
 WORDS = tuple(WORD_TEXT.split())
+PrefillStatistic = Literal["fastest", "median"]
+"""Which of a length's repeats is its point: the floor, or the typical request."""
 MIN_PROMPT_TOKENS = 32
 SHORT_CONTEXT_TOKENS = 64
 
@@ -58,6 +62,7 @@ class Plan:
     cached_tokens: tuple[int, ...]
     decode: tuple[tuple[int, int], ...]
     decode_tokens: int
+    prefill_statistic: PrefillStatistic = "fastest"
 
     @property
     def num_requests(self) -> int:
@@ -75,9 +80,21 @@ def _geometric(lo: int, hi: int, num: int) -> list[float]:
     return [lo * ratio**i for i in range(num)]
 
 
-def make_plan(max_prompt_tokens: int, kv_capacity_tokens: int, *, quick: bool) -> Plan:
+def make_plan(
+    max_prompt_tokens: int,
+    kv_capacity_tokens: int,
+    *,
+    quick: bool,
+    prefill_statistic: PrefillStatistic = "fastest",
+) -> Plan:
     """The grid for an engine whose prompts may hold ``max_prompt_tokens`` tokens.
-    ``quick``: fewer points and repeats (tests, a first look)."""
+    ``quick``: fewer points and repeats (tests, a first look). ``prefill_statistic``:
+    which repeat of a length is kept (:data:`PrefillStatistic`)."""
+    if prefill_statistic not in get_args(PrefillStatistic):
+        raise ValueError(
+            f"prefill_statistic must be one of {get_args(PrefillStatistic)}, "
+            f"got {prefill_statistic!r}"
+        )
     num_points, repeats = (6, 8) if quick else (12, 10)
     hi = max(MIN_PROMPT_TOKENS + 1, max_prompt_tokens)
     grid = _geometric(MIN_PROMPT_TOKENS, hi, num_points)
@@ -99,6 +116,7 @@ def make_plan(max_prompt_tokens: int, kv_capacity_tokens: int, *, quick: bool) -
         cached_tokens=tuple(int(x) for x in cached),
         decode=tuple(decode),
         decode_tokens=decode_tokens,
+        prefill_statistic=prefill_statistic,
     )
 
 
@@ -190,8 +208,9 @@ async def measure(
         r = await _prefill(client, api, prompts.make(n))
         by_length.setdefault((n, is_train), []).append(_sample(r))
         progress("prefill")
-    train = [_fastest(v) for (_, is_train), v in sorted(by_length.items()) if is_train]
-    holdout = [_fastest(v) for (_, is_train), v in sorted(by_length.items()) if not is_train]
+    keep = _fastest if plan.prefill_statistic == "fastest" else _median
+    train = [keep(v) for (_, is_train), v in sorted(by_length.items()) if is_train]
+    holdout = [keep(v) for (_, is_train), v in sorted(by_length.items()) if not is_train]
     reports_cached = await _cached(client, api, plan, prompts, train, progress)
     decode = [
         await _decode(client, api, prompts, batch, context, plan.decode_tokens, progress)
@@ -205,6 +224,13 @@ def _fastest(samples: list[PrefillSample]) -> PrefillSample:
     only ever adds time, and by minutes at a time on a shared machine; the engine's own
     cost is the floor, and the floor is what stays put between runs."""
     return min(samples, key=lambda s: s.ttft_s)
+
+
+def _median(samples: list[PrefillSample]) -> PrefillSample:
+    """One point per length: the repeat with the median TTFT (the lower of the middle two),
+    what a typical request sees on the host as it was while measured."""
+    ordered = sorted(samples, key=lambda s: s.ttft_s)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _sample(r: StreamResult) -> PrefillSample:

@@ -28,6 +28,7 @@ from longroute.profiling.measure import (
     DecodeSample,
     Measurements,
     PrefillSample,
+    PrefillStatistic,
     Prompts,
     make_plan,
     measure,
@@ -46,6 +47,7 @@ class ProfileOptions:
     api_key: str | None = None
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     timeout_s: float = 120.0
+    prefill_statistic: PrefillStatistic = "fastest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,12 @@ async def profile_engine(
         found = await discover(client, prompts, DEFAULT_PROBE_LIMIT_TOKENS)
         limits = found.limits
         longest = _max_prompt(limits.max_model_len_tokens, options)
-        plan = make_plan(longest, limits.kv_capacity_tokens, quick=options.quick)
+        plan = make_plan(
+            longest,
+            limits.kv_capacity_tokens,
+            quick=options.quick,
+            prefill_statistic=options.prefill_statistic,
+        )
         pairs = num_pairs(options.quick)
         on_plan(plan.num_requests + 3 * pairs)
         measured = await measure(client, found.api, plan, prompts, rng, on_request)
