@@ -68,8 +68,8 @@ GOLDEN = {
     ("long-sessions", 40, 1): {
         "prefix-cache": (155, "6a26eb9203c58eb6"),
         "gorgo": (155, "2b71725af47e64f5"),
-        # recomputed after issue 35's queue price changed ttca's own decisions
-        "ttca": (155, "0cdd8050bd2d20f0"),
+        # recomputed after issue 35's queue and session prices changed ttca's own decisions
+        "ttca": (155, "7b3f575b8adf8db0"),
     },
     ("laar", 60, 0): {"laar": (77, "8ee0999f817654aa")},
     ("gorgo-congestion", 150, 0): {"gorgo": (1322, "c792bb8cbc847a7d")},

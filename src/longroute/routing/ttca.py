@@ -37,6 +37,20 @@ model both agree. Measured on ``laar`` (seed 10), ``"next-model"`` gave a mean T
 25.7 s against 20.0 s for ``T / Q``, so the geometric form is the default; the cause of
 the gap is not established (docs/ttca.md).
 
+**Staying.** Where one candidate holds the longest cached prefix of the request (its
+*home*: the conversation's engine), sending it elsewhere is a move, and a move is priced
+twice more (issue 35):
+
+* **a measured error band**: every term of T at the other endpoint is taken one
+  typical prediction error pessimistic (its ``ttft_spread`` and ``tpot_spread``: exp of
+  the RMS of log(observed / predicted) over its recent answers). The recompute a move
+  costs is certain; its gain is a difference of two predictions, and moves that win by
+  less than the predictions' own noise were a quarter of all turns on ``mixed``;
+* **the conversation's later turns**: the expected number of turns still to come
+  (:class:`~longroute.estimators.session_turns.SessionTurns`, learned from the
+  conversations seen), times (1 + w) times the prefill of the prefix the move gives up
+  at the other endpoint (what each of those turns saves where the prefix stays cached).
+
 Tried models rank after untried ones, as in LAAR: a tried endpoint scores
 ``E * tried_penalty ** tries + (largest untried E)``; once every candidate's model
 was tried ``max_tries_per_model`` times the router raises
@@ -53,6 +67,7 @@ from pathlib import Path
 
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.estimators.service_time import Calibration, EndpointTimeModel, Prediction
+from longroute.estimators.session_turns import SessionTurns
 from longroute.routing.base import ROUTERS, BaseRouter, pick_min
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
 from longroute.routing.laar import SuccessModel, penalise_tried, success_probability
@@ -62,7 +77,7 @@ from longroute.routing.ttca_support import (
     endpoint_time_predictor,
     prefer_meeting,
 )
-from longroute.types import Endpoint, Request, RouteDecision
+from longroute.types import Endpoint, EndpointState, Request, RouteDecision
 
 RETRY_PRICINGS = ("geometric", "next-model")
 MIN_ENGINE_SHARE = 0.5
@@ -142,6 +157,7 @@ class TtcaRouter(BaseRouter):
         self._flights: dict[tuple[str, int], Flight] = {}
         # endpoints timed from the prior (no profile of their own): they share corrections
         self._prior_models: list[EndpointTimeModel] = []
+        self._turns = SessionTurns()  # turns per conversation: how many more to expect
 
     # ------------------------------------------------------------------ hot path
 
@@ -160,6 +176,15 @@ class TtcaRouter(BaseRouter):
         first_weight = 1.0 + self.ttft_weight
         externality_weight = self.externality_weight
         models = self._models
+        home = _home(matched, candidates)
+        stay_s = 0.0  # the later turns' weight on the prefill a move loses (module doc)
+        home_cached = 0
+        if home:
+            home_cached = min(matched[home] * block, prompt)
+            session = request.session_id
+            if session is not None:
+                turns = self._turns
+                stay_s = first_weight * turns.expected_remaining(turns.turns(session) + 1)
         for state in candidates:
             endpoint = state.endpoint
             name = endpoint.name
@@ -178,6 +203,12 @@ class TtcaRouter(BaseRouter):
                 + (out - 1) * p.tpot_s
                 + externality_weight * p.externality_s
             )
+            if home and name != home:  # a move (module docstring, "Staying")
+                first_band_s = first_weight * p.ttft_engine_s * (model.ttft_spread - 1.0)
+                t += first_band_s + (out - 1) * p.tpot_s * (model.tpot_spread - 1.0)
+                lost = home_cached - cached
+                if stay_s > 0.0 and lost > 0:
+                    t += stay_s * model.prefill_alone_s(lost, cached)
             m = endpoint.model
             q = q_of.get(m)
             if q is None:
@@ -331,6 +362,8 @@ class TtcaRouter(BaseRouter):
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
         key = (request.request_id, request.attempt)
+        if request.attempt == 1 and request.session_id is not None:
+            self._turns.observe(request.session_id)
         entry = self._last.get(endpoint) if key == self._last_key else None
         if entry is None:  # dispatched without a route() for it: count it all as uncached
             entry = (request.num_prompt_tokens, 0, Prediction(0.0, 0.0, 0.0, 0.0), 0.0)
@@ -390,6 +423,7 @@ class TtcaRouter(BaseRouter):
             model.alpha = self.calibration_alpha
         self._models.update(old._models)
         self._flights.update(old._flights)
+        self._turns = old._turns
         self._prior_models = old._prior_models + self._prior_models
 
     # ------------------------------------------------------------------ reads
@@ -401,3 +435,16 @@ class TtcaRouter(BaseRouter):
     @property
     def num_inflight(self) -> int:
         return len(self._flights)
+
+
+def _home(matched: dict[str, int], candidates: Sequence[EndpointState]) -> str:
+    """The one candidate holding the longest cached prefix of the request, or "" (none
+    cached, or two or more hold as much: no single home to stay at)."""
+    if not matched:
+        return ""
+    best = max(matched.values())
+    holders = [n for n, blocks in matched.items() if blocks == best]
+    if len(holders) != 1 or best == 0:
+        return ""
+    (holder,) = holders
+    return holder if any(s.endpoint.name == holder for s in candidates) else ""
