@@ -37,8 +37,23 @@ PARTS = {
     "cpu_api": "API server process: CPU per step",
     "api_process": "  process_outputs (detokenize, queue)",
     "api_other": "  other: HTTP/SSE streaming, asyncio",
-    "idle": "core idle: period - the three CPUs",
+    "idle": "period - the three CPUs (~0: core busy)",
+    "host_loop": "host work a GPU engine repeats per step",
 }
+HOST_LOOP_PARTS = (
+    "schedule",
+    "update",
+    "core_rest",
+    "encode_out",
+    "input_prep",
+    "sample",
+    "bookkeeping",
+    "worker_rest",
+)
+"""The timed parts that are host CPU work in a GPU engine too (the last row): not the
+forward pass or the LM head (GPU kernels there), not the shm IPC and spin-waits of the
+CPU build's separate worker process (a one-GPU vLLM runs its worker in the engine
+core's process), not the API server (its own process and cores)."""
 _INPUT_PREP = ("run.update_states", "run.prepare_inputs", "run.attn_metadata", "run.preprocess")
 _WORKER_PARTS = {
     "run.forward": "forward",
@@ -164,6 +179,7 @@ def batch_parts(
     for role, parts in timed.items():
         out[f"{role}_other"] = out[f"cpu_{role}"] - sum(out[p] for p in parts)
     out["idle"] = out["period"] - out["cpu_core"] - out["cpu_worker"] - out["cpu_api"]
+    out["host_loop"] = sum(out[p] for p in HOST_LOOP_PARTS)
     out["steps"] = float(len(rows))
     return out
 

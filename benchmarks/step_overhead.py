@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import subprocess
 import tempfile
 import time
@@ -136,17 +137,27 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument(
-        "--analyse", type=Path, help="only analyse the folder an earlier run printed"
+        "--analyse",
+        type=Path,
+        nargs="+",
+        help="only analyse the folders earlier runs printed (medians over them)",
     )
     args = parser.parse_args()
-    work = args.analyse
-    if work is None:
+    works = args.analyse
+    if works is None:
         work = Path(tempfile.mkdtemp(prefix="step-overhead-"))
         print(f"probe files and vLLM's log in {work}", flush=True)
         measure(args.cpus, [int(b) for b in args.batches.split(",")], args.max_tokens, work)
-    result = analyse(work)
+        works = [work]
+    runs = [analyse(w) for w in works]
+    result = {
+        b: {part: statistics.median(r[b][part] for r in runs) for part in runs[0][b]}
+        for b in runs[0]
+    }
+    if len(runs) > 1:
+        print(f"medians over {len(runs)} runs")
     print(table(result, [int(b) for b in result]))
-    print(json.dumps({"cpus": args.cpus, "max_tokens": args.max_tokens, "parts_ms": result}))
+    print(json.dumps({"runs": len(runs), "max_tokens": args.max_tokens, "parts_ms": result}))
 
 
 if __name__ == "__main__":
