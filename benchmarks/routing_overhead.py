@@ -29,8 +29,9 @@ CPU count and load average are printed alongside: compare ratios). The gateway b
 sglang-router 0.3.2's added p50 latency in ``benchmarks/gateway_overhead.py``
 (5.6 ms non-streamed, README "Gateway overhead").
 
-The goal of issue 18, ttca's decision p99 <= 100 µs with 16 endpoints and a
-100,000-block prefix index, is measured on a case of its own: the 16-endpoint
+The goal of issues 18 and 35, ttca's decision p99 <= 100 µs with 16 endpoints and a
+100,000-block prefix index (issue 35: the p99 over decisions of each one's fastest
+round), is measured on a case of its own: the 16-endpoint
 fleet above with its prefix index filled to exactly ``--index-blocks`` trie
 nodes by dispatched-and-completed multi-turn sessions (``gorgo_routing.fill``:
 8K-16K-token contexts growing by 300-2,500 tokens a turn, 30% after a shared
@@ -201,8 +202,8 @@ def time_interleaved(
     """Per call: one warm-up pass, then ``rounds`` rounds, every call once per round (so
     a noisy neighbour hits them alike); median over rounds of each round's median/p99
     (µs). ``fastest_p99_us``: the p99 over the args of each one's fastest round, the
-    calls' own cost with most of the machine's interruptions left out (a diagnostic;
-    the goal reads ``p99_us``)."""
+    calls' own cost with most of the machine's interruptions left out (what the goal
+    reads, issue 35)."""
     for call in calls.values():
         for a in args:
             call(a)
@@ -345,9 +346,12 @@ def summarise(
 
 
 def ttca_goal(indexed: dict[str, Any]) -> dict[str, Any]:
-    p99_us = indexed["timings"]["ttca"]["p99_us"]
+    """Issue 35's measure: the p99 over decisions of each decision's fastest round, so the
+    machine's interruptions are not charged to the router (issue 18 read ``p99_us``, the
+    median over rounds of each round's p99, which a shared 2-core host inflates)."""
+    p99_us = indexed["timings"]["ttca"]["fastest_p99_us"]
     return {
-        "target": f"<= {TTCA_GOAL_P99_US:.0f} us",
+        "target": f"<= {TTCA_GOAL_P99_US:.0f} us (p99 of each decision's fastest round)",
         "value": p99_us,
         "met": p99_us <= TTCA_GOAL_P99_US,
     }
