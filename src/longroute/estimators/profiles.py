@@ -122,9 +122,10 @@ class HardwareProfile:
     used by tensor-parallel all-reduces; ``memory_bytes`` the device memory
     the driver reports. ``linear_mfu``/``attention_mfu``/``bandwidth_efficiency``
     scale the peaks to what GEMMs, attention kernels and weight/KV streaming
-    achieve; ``iteration_overhead_s`` is the fixed CPU/launch cost of one
-    engine step. The last three fields serve multi-node parallelism (Medha's
-    SPP and KVP, :mod:`longroute.estimators.parallel`) and default to an
+    achieve; ``iteration_overhead_s`` is the fixed cost of one engine step
+    that the GPU's kernels do not hide (docs/fidelity.md, "The per-iteration
+    overhead"). The last three fields serve multi-node parallelism (Medha's SPP and KVP,
+    :mod:`longroute.estimators.parallel`) and default to an
     H100-class cluster: ``inter_node_bytes_per_s`` per GPU and direction (one
     400 Gb/s NDR InfiniBand NIC per GPU, as in a DGX H100), ``inter_node_latency_s``
     per message (IB RDMA ~2 us plus NCCL's send/recv launch), and

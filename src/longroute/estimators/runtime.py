@@ -31,8 +31,9 @@ token per decoding sequence) through the model, tensor-parallel over
   calibrated latency + bytes / bandwidth of ``num_gpus`` workers where that
   GPU's topology was measured, else the hand-set latency plus the ring time
   2 (n - 1) / n * bytes / link bandwidth; not overlapped with compute.
-* iteration_overhead_s: the hand-set per-step cost (scheduler, sampling,
-  launches outside the layers); not measured.
+* iteration_overhead_s: the step's cost that the GPU does not hide (vLLM's host work
+  overlaps it under async scheduling; added here, not max(GPU, host)): docs/fidelity.md,
+  "The per-iteration overhead".
 
 Not modelled: KV-head replication beyond capacity (accounted in
 ``kv_capacity_tokens`` only), the recurrent state of linear-attention layers and
