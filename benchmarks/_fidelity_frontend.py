@@ -12,9 +12,13 @@ One vLLM CPU engine pinned to one core (as in benchmarks/sim_fidelity.py). Three
    If the front end's per-request work shares the engine's core, the probe's TTFT
    grows by that work plus the residual step, more than the engine model's step alone.
 3. The background streams' own step with and without the probe.
+4. **The other core**: lone chats (~300 tokens, 8 out) in blocks of 5, alternating
+   between the machine's other core as it is and the other core kept busy by a spinning
+   process (``taskset -c 1``): what the other engine, the gateway and the client of
+   benchmarks/sim_fidelity.py (or anything else) on the other core do to this engine.
 
 Run: ``flock /tmp/longroute-vllm.lock .venv/bin/python benchmarks/_fidelity_frontend.py``
-(about 3 minutes); prints a table and one JSON line.
+(about 4 minutes); prints a table and one JSON line.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -217,10 +223,42 @@ async def _interference(http: aiohttp.ClientSession, url: str) -> Json:
     return out
 
 
+async def _other_core(http: aiohttp.ClientSession, url: str) -> Json:
+    rng = random.Random(13)
+    found: dict[str, list[Json]] = {"other core as is": [], "other core spinning": []}
+    spin = [sys.executable, "-c", "while True: pass"]
+    for block in range(6):
+        for key, rows in found.items():
+            spinner = subprocess.Popen(["taskset", "-c", "1", *spin]) if "spin" in key else None
+            try:
+                await asyncio.sleep(0.2)
+                for i in range(5):
+                    body = _body([_words(rng, PROBE_WORDS, f"o{block}-{i}")], None, 8, True)
+                    rows.append(await _call(http, url, body))
+            finally:
+                if spinner is not None:
+                    spinner.kill()
+                    spinner.wait()
+    out: Json = {}
+    for key, rows in found.items():
+        ttfts = [r["ttft_s"] for r in rows]
+        out[key] = {
+            "lone_ttft_ms_median": 1000 * statistics.median(ttfts),
+            "lone_ttft_ms_min": 1000 * min(ttfts),
+            "tpot_ms_median": 1000
+            * statistics.median((r["last_s"] - r["ttft_s"]) / 7 for r in rows),
+        }
+    return out
+
+
 async def _main(url: str, pid: int) -> Json:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
         cpu = Cpu(pid)
-        return {"cpu": await _cpu_batches(http, url, cpu), "ttft": await _interference(http, url)}
+        return {
+            "cpu": await _cpu_batches(http, url, cpu),
+            "ttft": await _interference(http, url),
+            "other_core": await _other_core(http, url),
+        }
 
 
 def main() -> None:

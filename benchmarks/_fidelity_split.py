@@ -4,7 +4,8 @@ is off").
 
 Reads the per-request CSVs of a benchmarks/sim_fidelity.py output folder (``vllm-*.csv``
 and the ``sim-*.csv`` replaying it: the same requests, in arrival order) and prints, per
-run and group, the mean TTFT and TPOT of both and the simulated/real ratio.
+run and group, the mean TTFT and TPOT of both and the simulated/real ratio; requests
+that found their engine idle are split by whether the other engine had work ("o-busy").
 
     .venv/bin/python benchmarks/_fidelity_split.py reports/sim_fidelity
 """
@@ -25,8 +26,9 @@ def _rows(path: Path) -> list[Row]:
         return sorted(csv.DictReader(f), key=lambda r: float(r["arrival_s"]))
 
 
-def in_flight(rows: Sequence[Row]) -> list[int]:
-    """Per request: others on its engine that arrived before it and had not finished."""
+def in_flight(rows: Sequence[Row], *, same_engine: bool = True) -> list[int]:
+    """Per request: others on its engine (else: on the other engines) that arrived
+    before it and had not finished. O(n^2)."""
     out = []
     for r in rows:
         t = float(r["arrival_s"])
@@ -35,7 +37,7 @@ def in_flight(rows: Sequence[Row]) -> list[int]:
                 1
                 for o in rows
                 if o is not r
-                and o["endpoint"] == r["endpoint"]
+                and (o["endpoint"] == r["endpoint"]) == same_engine
                 and float(o["arrival_s"]) < t < float(o["arrival_s"]) + float(o["e2e_s"])
             )
         )
@@ -48,10 +50,15 @@ def _tpot_s(r: Row) -> float | None:
 
 
 def split(real: Sequence[Row], sim: Sequence[Row]) -> dict[str, dict[str, float]]:
-    """Per group (0, 1, 2+ in flight): count, mean TTFT and TPOT (ms) real and simulated."""
+    """Per group (0, 1, 2+ in flight; 0 split by whether the other engine was busy):
+    count, mean TTFT and TPOT (ms) real and simulated."""
     groups: dict[str, list[tuple[Row, Row]]] = {}
-    for n, a, b in zip(in_flight(real), real, sim, strict=True):
-        groups.setdefault(str(n) if n < 2 else "2+", []).append((a, b))
+    others = in_flight(real, same_engine=False)
+    for n, m, a, b in zip(in_flight(real), others, real, sim, strict=True):
+        key = str(n) if n < 2 else "2+"
+        if n == 0:
+            key += " o-busy" if m else " o-idle"
+        groups.setdefault(key, []).append((a, b))
     out = {}
     for key in sorted(groups):
         pairs = groups[key]
@@ -69,7 +76,7 @@ def split(real: Sequence[Row], sim: Sequence[Row]) -> dict[str, dict[str, float]
 
 def main(folder: Path) -> None:
     print(
-        f"{'run':<26}{'in flight':>10}{'n':>6}{'TTFT vLLM / sim ms':>24}{'TPOT vLLM / sim ms':>24}"
+        f"{'run':<26}{'in flight':>12}{'n':>6}{'TTFT vLLM / sim ms':>24}{'TPOT vLLM / sim ms':>24}"
     )
     for real_path in sorted(folder.glob("vllm-*.csv")):
         name = real_path.name.removeprefix("vllm-").removesuffix(".csv")
@@ -80,7 +87,7 @@ def main(folder: Path) -> None:
             ttft = f"{g['ttft_real_ms']:.1f} / {g['ttft_sim_ms']:.1f} "
             ttft += f"({g['ttft_sim_ms'] / g['ttft_real_ms']:.2f}x)"
             tpot = f"{g['tpot_real_ms']:.2f} / {g['tpot_sim_ms']:.2f}"
-            print(f"{name:<26}{key:>10}{g['n']:>6.0f}{ttft:>24}{tpot:>24}")
+            print(f"{name:<26}{key:>12}{g['n']:>6.0f}{ttft:>24}{tpot:>24}")
 
 
 if __name__ == "__main__":
