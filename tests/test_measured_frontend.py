@@ -80,6 +80,10 @@ def test_the_fit_recovers_a_known_front_end_cost(true_s: float) -> None:
     assert fit.s_per_request == pytest.approx(true_s, abs=0.0004)  # lone jitter of ±1 ms
     assert fit.num_samples == 25
     assert fit.busy_ttft_s > fit.lone_ttft_s
+    # a decode fit whose step is off (its fixed term doubled) leaves the term as it was:
+    # the wait is the background's measured step, not the fit's
+    slow_fit = fit_frontend(_samples(true_s, 25), replace(DECODE, fixed_s=2 * DECODE.fixed_s))
+    assert slow_fit is not None and slow_fit.s_per_request == fit.s_per_request
 
 
 def test_a_front_end_on_other_cores_costs_nothing_and_few_pairs_fit_nothing() -> None:

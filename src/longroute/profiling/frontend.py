@@ -19,10 +19,11 @@ A pair counts only where the background stream's first token came before the pro
 was sent and its last after the probe's first token. The fit (:func:`fit_frontend`)::
 
     s_per_request = median(busy) - median(lone)
-                    - (step / 2 + s_per_sequence + s_per_context_token * C)
+                    - (median(step) / 2 + s_per_sequence + s_per_context_token * C)
 
 the busy excess less what the engine model already charges: the wait for the step
-in progress (half a step on average) and the background's decode riding in the
+in progress (half a step on average, the background's own measured step: the decode
+fit's error must not leak into this term) and the background's decode riding in the
 probe's prefill iteration, at the background's ``C`` KV tokens. Clamped at 0: a
 front end on other cores (a GPU server's) costs the engine nothing.
 """
@@ -115,7 +116,7 @@ def fit_frontend(samples: Sequence[FrontendSample], decode: DecodeFit) -> Fronte
     step_s = statistics.median(s.background_step_s for s in samples)
     context = statistics.median(s.background_context_tokens for s in samples)
     modelled_s = (
-        decode.step_s(1, round(context)) / 2.0
+        step_s / 2.0
         + decode.s_per_sequence
         + decode.s_per_context_token * context
     )
