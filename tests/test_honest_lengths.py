@@ -248,7 +248,7 @@ BEFORE = {
         "least-load": (600, "c411fb83f51eeb66"),
         # ttca's own price changed since (issue 35: the queue price, and the price of moving
         # a conversation off its cache): recomputed then, with oracle lengths as here
-        "ttca": (600, "1cc0acc51e7c81e7"),
+        "ttca": (600, "e83e1b86301ac028"),
         "gorgo": (600, "131be90cb16d3322"),
         "prefix-cache": (600, "e019a151953ede7f"),
     },

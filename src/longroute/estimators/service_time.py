@@ -131,8 +131,6 @@ class EndpointTimeModel:
         "_log_tpot",
         "_log_ttft",
         "_state",
-        "_var_tpot",
-        "_var_ttft",
         "alpha",
         "arrival_rate_per_s",
         "budget_tokens",
@@ -151,9 +149,7 @@ class EndpointTimeModel:
         "pending_tokens",
         "predictor",
         "tpot_correction",
-        "tpot_spread",
         "ttft_correction",
-        "ttft_spread",
     )
 
     def __init__(
@@ -177,12 +173,6 @@ class EndpointTimeModel:
         self._state: _State | None = None
         self._log_ttft = 0.0
         self._log_tpot = 0.0
-        # EWMAs of the squared residuals, and exp of their square roots: by what factor a
-        # corrected prediction is typically off (1 until observed)
-        self._var_ttft = 0.0
-        self._var_tpot = 0.0
-        self.ttft_spread = 1.0
-        self.tpot_spread = 1.0
         self.ttft_correction = 1.0
         self.tpot_correction = 1.0
         self.num_ttft_observed = 0
@@ -399,24 +389,16 @@ class EndpointTimeModel:
         self.last_predicted_ttft_s = predicted_s
         self.last_observed_ttft_s = observed_s
         self.num_ttft_observed += 1
-        residual = self._residual(self._log_ttft, observed_engine_s, uncorrected_s)
-        if residual is not None:
-            self._var_ttft += self.alpha * (residual * residual - self._var_ttft)
-            self.ttft_spread = math.exp(math.sqrt(self._var_ttft))
-            self._log_ttft += self.alpha * residual
-            self.ttft_correction = math.exp(self._log_ttft)
+        self._log_ttft = self._learn(self._log_ttft, observed_engine_s, uncorrected_s)
+        self.ttft_correction = math.exp(self._log_ttft)
 
     def observe_tpot(self, predicted_s: float, observed_s: float, uncorrected_s: float) -> None:
         """Learn from one completed decode's mean time per output token."""
         self.last_predicted_tpot_s = predicted_s
         self.last_observed_tpot_s = observed_s
         self.num_tpot_observed += 1
-        residual = self._residual(self._log_tpot, observed_s, uncorrected_s)
-        if residual is not None:
-            self._var_tpot += self.alpha * (residual * residual - self._var_tpot)
-            self.tpot_spread = math.exp(math.sqrt(self._var_tpot))
-            self._log_tpot += self.alpha * residual
-            self.tpot_correction = math.exp(self._log_tpot)
+        self._log_tpot = self._learn(self._log_tpot, observed_s, uncorrected_s)
+        self.tpot_correction = math.exp(self._log_tpot)
 
     def share_corrections(self, learner: EndpointTimeModel) -> None:
         """Takes ``learner``'s corrections as long as this model has learned none of its
@@ -428,14 +410,12 @@ class EndpointTimeModel:
         if self.num_tpot_observed == 0:
             self._log_tpot, self.tpot_correction = learner._log_tpot, learner.tpot_correction
 
-    @staticmethod
-    def _residual(log_correction: float, observed_s: float, uncorrected_s: float) -> float | None:
-        """log(observed / corrected prediction), the ratio clamped; None if either is 0."""
+    def _learn(self, log_correction: float, observed_s: float, uncorrected_s: float) -> float:
         if not (uncorrected_s > 0.0 and observed_s > 0.0):
-            return None
+            return log_correction
         ratio = observed_s / uncorrected_s
         ratio = min(max(ratio, 1.0 / MAX_RATIO), MAX_RATIO)
-        return math.log(ratio) - log_correction
+        return log_correction + self.alpha * (math.log(ratio) - log_correction)
 
     def calibration(self) -> Calibration:
         return Calibration(

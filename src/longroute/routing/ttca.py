@@ -37,19 +37,13 @@ model both agree. Measured on ``laar`` (seed 10), ``"next-model"`` gave a mean T
 25.7 s against 20.0 s for ``T / Q``, so the geometric form is the default; the cause of
 the gap is not established (docs/ttca.md).
 
-**Staying.** Where one candidate holds the longest cached prefix of the request (its
-*home*: the conversation's engine), sending it elsewhere is a move, and a move is priced
-twice more (issue 35):
-
-* **a measured error band**: every term of T at the other endpoint is taken one
-  typical prediction error pessimistic (its ``ttft_spread`` and ``tpot_spread``: exp of
-  the RMS of log(observed / predicted) over its recent answers). The recompute a move
-  costs is certain; its gain is a difference of two predictions, and moves that win by
-  less than the predictions' own noise were a quarter of all turns on ``mixed``;
-* **the conversation's later turns**: the expected number of turns still to come
-  (:class:`~longroute.estimators.session_turns.SessionTurns`, learned from the
-  conversations seen), times (1 + w) times the prefill of the prefix the move gives up
-  at the other endpoint (what each of those turns saves where the prefix stays cached).
+**Staying.** Where one candidate holds the longest cached prefix of a conversation's
+turn (its *home*), sending the turn elsewhere is a move, and T at every other endpoint
+adds what the move gives up (issue 35): the expected number of turns still to come
+(:class:`~longroute.estimators.session_turns.SessionTurns`, learned from the
+conversations seen) times (1 + w) times the prefill, at that endpoint, of the prefix it
+does not hold, which each of those turns saves where the prefix stays cached. A turn
+of a conversation's last expected turn, or a request of no conversation, pays nothing.
 
 Tried models rank after untried ones, as in LAAR: a tried endpoint scores
 ``E * tried_penalty ** tries + (largest untried E)``; once every candidate's model
@@ -203,11 +197,9 @@ class TtcaRouter(BaseRouter):
                 + (out - 1) * p.tpot_s
                 + externality_weight * p.externality_s
             )
-            if home and name != home:  # a move (module docstring, "Staying")
-                first_band_s = first_weight * p.ttft_engine_s * (model.ttft_spread - 1.0)
-                t += first_band_s + (out - 1) * p.tpot_s * (model.tpot_spread - 1.0)
+            if stay_s > 0.0 and name != home:  # a move (module docstring, "Staying")
                 lost = home_cached - cached
-                if stay_s > 0.0 and lost > 0:
+                if lost > 0:
                     t += stay_s * model.prefill_alone_s(lost, cached)
             m = endpoint.model
             q = q_of.get(m)
