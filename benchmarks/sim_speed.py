@@ -13,19 +13,34 @@ Cases (each in its own subprocess, so peak RSS is its own):
 Each case runs ``--repeat`` times; the median is reported. The last line of
 output is one JSON object with every figure.
 
+With ``--baseline REF`` the same cases also run on the source of commit REF, checked
+out in a temporary git worktree (removed at the end): this script, run once on each
+source per round (``PYTHONPATH`` picks it), the two alternating and the order
+swapped every round so that a noisy neighbour hits both alike. It prints, per case,
+HEAD's speed over REF's (the median of the per-round ratios, and their range), and
+the JSON line gains ``baseline`` and ``goals`` (issue 36: >= 2.0x REF on ``mooncake``
+and ``synthetic-100k``). REF's source must still run this script's cases (the
+``Simulation`` API of bb64d52 onwards does).
+
     python benchmarks/sim_speed.py [--repeat 3] [--cases mooncake,synthetic-100k]
+    python benchmarks/sim_speed.py --baseline bb64d52 --repeat 3 --cases mooncake,synthetic-100k
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,24 +107,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument(
+        "--baseline", metavar="REF", help="also run on commit REF (a temporary worktree)"
+    )
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case, print JSON
     args = parser.parse_args()
     if args.case:
         print(json.dumps(_run_case(args.case)))
         return
-    figures: dict[str, dict[str, float]] = {}
-    for case in args.cases.split(","):
+    cases = args.cases.split(",")
+    for case in cases:
         if case not in CASES:
             sys.exit(f"unknown case {case!r}; valid: {', '.join(CASES)}")
-        runs = []
-        for _ in range(args.repeat):
-            out = subprocess.run(
-                [sys.executable, __file__, "--case", case],
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if args.repeat < 1:
+        sys.exit(f"--repeat must be >= 1, got {args.repeat}")
+    if args.baseline:
+        with _worktree(args.baseline) as source:
+            _compare(cases, args.repeat, args.baseline, source)
+        return
+    figures: dict[str, dict[str, float]] = {}
+    for case in cases:
+        runs = [_subprocess_case(case, ROOT / "src") for _ in range(args.repeat)]
         median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         figures[case] = median
         print(
@@ -124,6 +142,72 @@ def main() -> None:
         figures["fast_forward_speedup"] = {"ratio": ratio}
         print(f"decode fast-forward speed-up on Mooncake: {ratio:.2f}x")
     print(json.dumps(figures, sort_keys=True))
+
+
+def _subprocess_case(case: str, source: Path) -> dict[str, float]:
+    """One run of ``case`` in a fresh interpreter on the package under ``source``."""
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    out = subprocess.run(
+        [sys.executable, __file__, "--case", case], capture_output=True, text=True, env=env
+    )
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
+        sys.exit(f"case {case!r} failed on {source}:\n{tail}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@contextlib.contextmanager
+def _worktree(ref: str) -> Iterator[Path]:
+    """``ref`` checked out (detached) in a temporary worktree; yields its ``src``."""
+    tmp = Path(tempfile.mkdtemp(prefix="lr-sim-speed-"))
+    tree = tmp / "tree"
+    made = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), ref],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if made.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(f"--baseline {ref}: git worktree add failed: {made.stderr.strip()}")
+    try:
+        yield tree / "src"
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)  # fmt: skip
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compare(cases: list[str], repeat: int, ref: str, baseline: Path) -> None:
+    """Rounds alternate HEAD and REF (order swapped each round); per case the median of
+    the per-round speed ratios HEAD / REF, and the goals line."""
+    head = ROOT / "src"
+    figures: dict[str, object] = {}
+    goals: dict[str, dict[str, object]] = {}
+    for case in cases:
+        ratios, mine, theirs = [], [], []
+        for i in range(repeat):
+            order = [(head, mine), (baseline, theirs)]
+            for source, runs in order if i % 2 == 0 else order[::-1]:
+                runs.append(_subprocess_case(case, source))
+            if mine[-1]["num_requests"] != theirs[-1]["num_requests"]:
+                sys.exit(f"case {case!r}: HEAD and {ref} simulated different request counts")
+            ratios.append(mine[-1]["sim_req_per_s"] / theirs[-1]["sim_req_per_s"])
+            print(f"  [{case} round {i + 1}/{repeat}] HEAD / {ref}: {ratios[-1]:.2f}x", flush=True)
+        ratio = statistics.median(ratios)
+        figures[case] = {
+            "head_sim_req_per_s": statistics.median(r["sim_req_per_s"] for r in mine),
+            "baseline_sim_req_per_s": statistics.median(r["sim_req_per_s"] for r in theirs),
+            "ratio": ratio, "ratios": ratios,
+        }  # fmt: skip
+        print(f"{case:>18}: HEAD {figures[case]['head_sim_req_per_s']:,.0f} vs {ref} "  # type: ignore[index]
+              f"{figures[case]['baseline_sim_req_per_s']:,.0f} simulated req/s: {ratio:.2f}x "  # type: ignore[index]
+              f"(rounds {min(ratios):.2f}-{max(ratios):.2f}x)")  # fmt: skip
+        if case in ("mooncake", "synthetic-100k"):
+            goals[f"{case}_vs_baseline"] = {
+                "target": f">= 2.0x {ref}, median of >= 3 alternating rounds",
+                "value": ratio, "met": ratio >= 2.0 and repeat >= 3,
+            }  # fmt: skip
+    print(json.dumps({"benchmark": "sim_speed", "baseline": ref, "figures": figures,
+                      "goals": goals}, sort_keys=True))  # fmt: skip
 
 
 if __name__ == "__main__":
