@@ -115,11 +115,7 @@ def fit_frontend(samples: Sequence[FrontendSample], decode: DecodeFit) -> Fronte
     busy_s = statistics.median(s.busy_ttft_s for s in samples)
     step_s = statistics.median(s.background_step_s for s in samples)
     context = statistics.median(s.background_context_tokens for s in samples)
-    modelled_s = (
-        step_s / 2.0
-        + decode.s_per_sequence
-        + decode.s_per_context_token * context
-    )
+    modelled_s = step_s / 2.0 + decode.s_per_sequence + decode.s_per_context_token * context
     return FrontendFit(
         s_per_request=max(0.0, busy_s - lone_s - modelled_s),
         lone_ttft_s=lone_s,
