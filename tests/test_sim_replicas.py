@@ -69,8 +69,8 @@ GOLDEN = {
     ("long-sessions", 40, 1): {
         "prefix-cache": (155, "49cc212d83cbd470"),
         "gorgo": (155, "e44024393de44056"),
-        # recomputed after issue 35's queue and session prices changed ttca's own decisions
-        "ttca": (155, "cdb0f7f831e05dfd"),
+        # recomputed after issue 35's queue price changed ttca's own decisions
+        "ttca": (155, "e9d90708666d5645"),
     },
     ("laar", 60, 0): {"laar": (76, "a7030d6774a2f790")},
     ("gorgo-congestion", 150, 0): {"gorgo": (1322, "c4706cb892f33603")},

@@ -52,7 +52,7 @@ def _home_and_busy(later_turns: int) -> tuple[TtcaRouter, FleetView, Request]:
     """A 16K-token conversation cached at "home", where 48K tokens are queued; "idle" holds
     nothing. ``later_turns``: how many turns the conversations seen before had after
     their first (so the router expects as many more)."""
-    router = TtcaRouter()
+    router = TtcaRouter(session_price=True)
     fleet = FleetView([_ep("home"), _ep("idle")])
     for i in range(200):  # the workload's history: conversations of 1 + later_turns turns
         for _ in range(1 + later_turns):
@@ -76,3 +76,11 @@ def test_it_moves_when_they_do_not() -> None:
     router, fleet, request = _home_and_busy(later_turns=0)
     decision = router.route(request, fleet, 0.0)
     assert decision.endpoint == "idle"  # its last turn: only this one's time counts
+
+
+def test_the_session_price_is_off_by_default() -> None:
+    router, fleet, request = _home_and_busy(later_turns=8)
+    router.session_price = False
+    assert router.route(request, fleet, 0.0).endpoint == "idle"
+    with pytest.raises(ValueError, match="session_price must be true or false"):
+        TtcaRouter(session_price="yes")  # type: ignore[arg-type]
