@@ -80,28 +80,3 @@ def test_predictions_follow_every_counter_change(endpoint: Endpoint) -> None:
             assert kept.predict(*request, running) == fresh.predict(*request, running)
             num_checked += 1
     assert num_checked > 900 and kept.num_ttft_observed > 0
-
-
-def test_the_queue_price_grows_with_the_arrival_rate_and_the_backlog() -> None:
-    """Overload: a prefill added where requests keep arriving delays each of the r x
-    backlog arrivals by its own prefill; nothing where nobody arrives, nothing for a fully
-    cached request, and more, the longer the backlog ahead of it."""
-    predictor = endpoint_predictor(ENDPOINTS[0])
-    model = EndpointTimeModel(predictor, 2048, 0.1)
-    quiet = model.predict(8000, 0, 100, 0)
-    assert quiet.externality_s == 0.0  # no decodes, no arrivals seen
-    for i in range(11):  # ten gaps of 0.5 s: 2 requests/s
-        model.note_arrival(100.0 + 0.5 * i)
-    assert model.arrival_rate_per_s == pytest.approx(2.0)
-    lone = model.predict(8000, 0, 100, 0)
-    assert lone.externality_s == pytest.approx(2.0 * lone.prefill_s * lone.prefill_s)
-    assert model.predict(0, 8000, 100, 0).externality_s == 0.0  # cached: adds no prefill
-    model.add_pending(16000, 0)  # a backlog ahead of it
-    behind = model.predict(8000, 0, 100, 0)
-    own_share_s = behind.prefill_s * 8000 / 24000
-    assert behind.externality_s == pytest.approx(2.0 * behind.prefill_s * own_share_s)
-    assert behind.externality_s > 2 * lone.externality_s
-    # a lull: arrivals older than the horizon drop out, the rate follows the new pace
-    model.note_arrival(1000.0)
-    model.note_arrival(1010.0)
-    assert model.arrival_rate_per_s == pytest.approx(1 / 10.0)  # the last two remain

@@ -23,16 +23,6 @@ for a new request with ``uncached`` prompt tokens after ``cached`` ones:
 Running decodes come from the router's own counters, or from the engine's
 scraped ``num_running`` when that is larger (traffic from other routers).
 
-**Queue price.** Under FCFS a request's prefill delays every request that arrives
-at the endpoint before the backlog ahead of it and its own prefill are done: at the
-endpoint's arrival rate ``r`` (the router's own dispatches there, over the last
-:data:`RATE_WINDOW`), ``r * backlog_s`` arrivals, each delayed by its own prefill
-``own_s``. That product is added to ``externality_s``. It is a lower bound (it leaves
-out the arrivals during the delay it causes, ``1 / (1 - utilisation)`` more), but
-needs no weight, and it grows with the backlog: past capacity, where the backlog
-grows faster than it drains, so does the price of adding work there, and above all
-of recomputing a conversation that another endpoint has cached.
-
 **Self-calibration.** The profile may be wrong (another GPU, a slower engine,
 load the model does not see). Each observation, the engine-side part of a
 first token (TTFT minus the network round trip) or a time per output token,
@@ -46,7 +36,6 @@ clamped to [1/20, 20] so one outlier cannot run away with it; with
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -54,10 +43,6 @@ from longroute.estimators.runtime import RuntimePredictor, causal_attention_pair
 
 MAX_RATIO = 20.0
 """Observed/predicted ratios beyond [1/MAX_RATIO, MAX_RATIO] are clamped before learning."""
-RATE_WINDOW = 64
-"""Dispatches an endpoint's arrival rate is measured over (about 12% noise for Poisson)."""
-RATE_HORIZON_S = 300.0
-"""Dispatches older than this drop out of the arrival rate (the last two always count)."""
 
 
 _new_tuple = tuple.__new__
@@ -126,13 +111,11 @@ class EndpointTimeModel:
     """
 
     __slots__ = (
-        "_arrivals_s",
         "_iteration_s",
         "_log_tpot",
         "_log_ttft",
         "_state",
         "alpha",
-        "arrival_rate_per_s",
         "budget_tokens",
         "decode_context_tokens",
         "decode_remaining_tokens",
@@ -166,9 +149,6 @@ class EndpointTimeModel:
         self.decode_context_tokens = 0.0  # sum of decoding sequences' mean KV length
         self.decode_remaining_tokens = 0.0  # sum of their mean remaining output
         self._iteration_s = predictor.iteration_time_s
-        # the dispatch times of the last RATE_WINDOW requests sent here, and their rate
-        self._arrivals_s: deque[float] = deque(maxlen=RATE_WINDOW)
-        self.arrival_rate_per_s = 0.0
         # what predict() needs of the counters; dropped when one changes
         self._state: _State | None = None
         self._log_ttft = 0.0
@@ -250,12 +230,6 @@ class EndpointTimeModel:
                 lone_s = fixed_s + (busy_s if busy_s > read_s else read_s)
             mean_step_s = (near * step_s + far * lone_s) / num_output_tokens
         externality_s = 0.0
-        rate = self.arrival_rate_per_s
-        if rate > 0.0 and uncached > 0:
-            # the requests that will arrive here while the prompts ahead and this one are
-            # prefilled (FCFS) each wait for this one's share of that work: rate x backlog
-            # arrivals, each delayed by its own prefill (module docstring, "Queue price")
-            externality_s = rate * prefill_s * (prefill_s * uncached / work)
         if decodes > 0:
             # each running decode waits for this prompt's chunks beside it ...
             if uncached > 0:
@@ -267,7 +241,7 @@ class EndpointTimeModel:
                         -(-uncached // m), own_pairs / m, int(cached / m), decodes, context
                     )
                     beside_s = m * (with_chunk_s - base_s)
-                externality_s += decodes * beside_s
+                externality_s = decodes * beside_s
             # ... and then steps beside one more sequence while they share the batch
             externality_s += (batch - 1) * (step_s - fewer_s) * near
         correction = self.ttft_correction
@@ -333,17 +307,6 @@ class EndpointTimeModel:
         return state
 
     # ---- counters ------------------------------------------------------------
-    def note_arrival(self, now_s: float) -> None:
-        """A request was sent here at ``now_s``: the arrival rate is that of the last
-        :data:`RATE_WINDOW` dispatches, (n - 1) over their span, or of those since the
-        oldest when more than :data:`RATE_HORIZON_S` ago (a lull forgets the past). O(1)."""
-        arrivals = self._arrivals_s
-        arrivals.append(now_s)
-        while len(arrivals) > 2 and now_s - arrivals[0] > RATE_HORIZON_S:
-            arrivals.popleft()
-        span_s = now_s - arrivals[0]
-        self.arrival_rate_per_s = (len(arrivals) - 1) / span_s if span_s > 0.0 else 0.0
-
     def add_pending(self, uncached: int, cached: int) -> None:
         self._state = None
         self.pending_tokens += uncached

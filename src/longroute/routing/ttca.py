@@ -379,7 +379,6 @@ class TtcaRouter(BaseRouter):
         # with prefills queued ahead, a first token measures the queue model as much as
         # the profile: only one that found no prompt ahead of it teaches the correction
         is_probe = model.num_pending == 0
-        model.note_arrival(now_s)
         model.add_pending(uncached, cached)
         kv = uncached + cached + request.num_output_tokens / 2.0
         self._flights[key] = Flight(model, uncached, cached, kv, prediction, rtt_s, now_s, is_probe)
