@@ -35,7 +35,7 @@ from longroute.estimators.parallel import endpoint_predictor, prefill_latency_s
 from longroute.estimators.profiles import ProfileError
 from longroute.estimators.runtime_measured import MeasuredPredictor
 from longroute.profiling.cli import profile_command
-from longroute.profiling.client import EngineClient
+from longroute.profiling.client import EngineClient, StreamResult
 from longroute.profiling.measure import Prompts, calibrate
 from longroute.profiling.run import ProfileOptions, ProfileRun, profile_engine
 from longroute.sim.scenario import run_scenario
@@ -331,3 +331,39 @@ def test_without_max_model_len_the_limit_is_probed() -> None:
             await runner.cleanup()
 
     assert 0.93 * 3000 <= asyncio.run(probe()) <= 3000
+
+
+class _Coalescing:
+    """A client whose first ``num_coalesced`` streams arrive in one chunk (a server that
+    fell behind), the rest token by token, 10 ms a step."""
+
+    def __init__(self, num_coalesced: int) -> None:
+        self.num_coalesced = num_coalesced
+        self.num_calls = 0
+
+    async def stream(self, prompt: str, num_tokens: int, api: str) -> StreamResult:
+        self.num_calls += 1
+        if self.num_calls <= self.num_coalesced:
+            return StreamResult(0.05, 0.05, 1, 64, None, num_tokens)
+        return StreamResult(0.05, 0.05 + 0.01 * (num_tokens - 1), num_tokens, 64, None, num_tokens)
+
+
+def test_a_decode_batch_that_came_in_one_chunk_is_run_again() -> None:
+    from longroute.profiling.measure import DECODE_TRIES, TargetError, _decode
+
+    def run(client: _Coalescing) -> Any:
+        prompts = Prompts(random.Random(0), nonce="n")
+        return asyncio.run(_decode(client, "chat", prompts, 4, 64, 24, lambda _: None))  # type: ignore[arg-type]
+
+    # the first batch of 4 came in one chunk each, the second streamed: timed from it
+    client = _Coalescing(num_coalesced=4)
+    sample = run(client)
+    assert client.num_calls == 8 and sample.step_s == pytest.approx(0.01)
+    # one coalesced stream of four is left out, the rest time the step
+    client = _Coalescing(num_coalesced=1)
+    assert run(client).step_s == pytest.approx(0.01) and client.num_calls == 4
+    # a server that never streams token by token fails, saying so, after DECODE_TRIES runs
+    client = _Coalescing(num_coalesced=10**6)
+    with pytest.raises(TargetError, match=f"in each of {DECODE_TRIES} tries"):
+        run(client)
+    assert client.num_calls == 4 * DECODE_TRIES

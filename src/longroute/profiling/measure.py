@@ -48,6 +48,8 @@ WORDS = tuple(WORD_TEXT.split())
 PrefillStatistic = Literal["fastest", "median"]
 """Which of a length's repeats is its point: the floor, or the typical request."""
 MIN_PROMPT_TOKENS = 32
+DECODE_TRIES = 3
+"""Runs of a decode batch before a server whose streams come in one chunk is an error."""
 SHORT_CONTEXT_TOKENS = 64
 
 
@@ -276,15 +278,25 @@ async def _decode(
         progress(f"decode x{batch}")
         return result
 
-    results = await asyncio.gather(*(one() for _ in range(batch)))
-    steps = []
-    for r in results:
-        if r.num_completion_tokens < 2 or r.num_chunks < 2:
-            raise TargetError(
-                f"asked {num_tokens} tokens with ignore_eos, got {r.num_completion_tokens} in "
-                f"{r.num_chunks} chunk(s): the decode steps cannot be timed"
-            )
-        steps.append((r.last_token_s - r.ttft_s) / (r.num_completion_tokens - 1))
+    # a stream whose tokens all came in one chunk (a server that fell behind sends what
+    # piled up at once) has no first-to-last span: it is left out, and the batch is run
+    # again when no stream of it can be timed; a server that never streams fails
+    for _ in range(DECODE_TRIES):
+        results = await asyncio.gather(*(one() for _ in range(batch)))
+        steps = [
+            (r.last_token_s - r.ttft_s) / (r.num_completion_tokens - 1)
+            for r in results
+            if r.num_completion_tokens >= 2 and r.num_chunks >= 2
+        ]
+        if steps:
+            break
+    else:
+        r = results[0]
+        raise TargetError(
+            f"asked {num_tokens} tokens with ignore_eos, got {r.num_completion_tokens} in "
+            f"{r.num_chunks} chunk(s) in each of {DECODE_TRIES} tries: the decode steps "
+            "cannot be timed"
+        )
     prompt_tokens = sum(r.num_prompt_tokens for r in results)
     context = prompt_tokens + batch * (num_tokens // 2)
     return DecodeSample(batch, context, statistics.median(steps))
