@@ -99,6 +99,12 @@ class Proc:
 def tree_cpu_s(root: int) -> float:
     """User + system CPU seconds of ``root`` and all its descendants (vLLM's worker is a
     grandchild of its API server), from /proc; 0 without /proc."""
+    return sum(tree_cpu(root).values())
+
+
+def tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) of ``root`` and each of its descendants, by pid,
+    from /proc. O(processes)."""
     tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
@@ -110,14 +116,14 @@ def tree_cpu_s(root: int) -> float:
         pid = int(stat.parent.name)
         parents[pid] = int(fields[1])
         cpu[pid] = (int(fields[11]) + int(fields[12])) * tick_s
-    total_s = 0.0
+    out = {}
     for pid, seconds in cpu.items():
         p = pid
         while p not in (root, 0, 1) and p in parents:
             p = parents[p]
         if p == root:
-            total_s += seconds
-    return total_s
+            out[pid] = seconds
+    return out
 
 
 def start_vllm(name: str, cpu: int, log_dir: Path) -> Proc:

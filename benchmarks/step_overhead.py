@@ -53,30 +53,6 @@ def start_probed(cpus: str, probe_dir: Path, log: Path) -> tuple[subprocess.Pope
     return proc, url
 
 
-def tree_cpu(root: int) -> dict[int, float]:
-    """CPU seconds (user + system) of ``root`` and each of its descendants, by pid,
-    from /proc. O(processes)."""
-    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # ended meanwhile
-            continue
-        pid = int(stat.parent.name)
-        parent[pid] = int(fields[1])
-        used[pid] = (int(fields[11]) + int(fields[12])) * tick_s
-    out = {}
-    for pid, seconds in used.items():
-        p = pid
-        while p not in (root, 0, 1) and p in parent:
-            p = parent[p]
-        if p == root:
-            out[pid] = seconds
-    return out
-
-
 async def decode_at(url: str, batch: int, max_tokens: int, prompts: Prompts) -> None:
     """``batch`` streamed requests of ``max_tokens`` tokens each, started together."""
     async with EngineClient(url, live.MODEL) as client:
@@ -109,9 +85,9 @@ def measure(cpus: str, batches: list[int], max_tokens: int, work: Path) -> None:
         asyncio.run(warm())
         asyncio.run(decode_at(url, 4, 64, prompts))  # warm-up, not measured
         for batch in batches:
-            cpu0, t0 = tree_cpu(proc.pid), time.perf_counter_ns()
+            cpu0, t0 = live.tree_cpu(proc.pid), time.perf_counter_ns()
             asyncio.run(decode_at(url, batch, max_tokens, prompts))
-            cpu1, t1 = tree_cpu(proc.pid), time.perf_counter_ns()
+            cpu1, t1 = live.tree_cpu(proc.pid), time.perf_counter_ns()
             windows[batch] = (t0, t1, cpu0, cpu1)
             time.sleep(1.5)
         asyncio.run(decode_at(url, 1, 8, prompts))  # makes every process write its timings

@@ -363,7 +363,7 @@ class TtcaRouter(BaseRouter):
 
     def on_dispatch(self, request: Request, endpoint: str, now_s: float) -> None:
         key = (request.request_id, request.attempt)
-        if request.attempt == 1 and request.session_id is not None:
+        if self.session_price and request.attempt == 1 and request.session_id is not None:
             self._turns.observe(request.session_id)
         entry = self._last.get(endpoint) if key == self._last_key else None
         if entry is None:  # dispatched without a route() for it: count it all as uncached
