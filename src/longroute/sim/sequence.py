@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from longroute.types import Request
+
+if TYPE_CHECKING:
+    from longroute.sim.decode_group import Cohort
 
 
 class Sequence:
@@ -16,7 +21,8 @@ class Sequence:
     ``num_generated`` are brought up to date when it leaves decoding.
     ``num_computed_tokens`` are in the KV cache; ``num_pinned_blocks`` of them
     are shared prefix-cache blocks, the rest are private, allocated in KV
-    blocks (``num_private_alloc_tokens``, a multiple of the KV block size).
+    blocks (``num_private_alloc_tokens``, a multiple of the KV block size); while
+    decoding, the blocks its cohort gained since it joined are added when it leaves.
     """
 
     __slots__ = (
@@ -24,6 +30,8 @@ class Sequence:
         "base_computed",
         "base_generated",
         "base_step",
+        "cohort",
+        "cohort_base",
         "epoch",
         "finish_step",
         "first_token_s",
@@ -83,3 +91,6 @@ class Sequence:
         self.base_generated = 0
         self.finish_step = 0
         self.epoch = 0
+        # while decoding, the KV-block cohort (sim.decode_group) and its ``grown`` at joining
+        self.cohort: Cohort | None = None
+        self.cohort_base = 0
