@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from longroute.gateway.errors import shutdown_event
 from longroute.gateway.http.server import HttpServer
-from longroute.gateway.http.wire import ResponseStream
+from longroute.gateway.http.stream import ResponseStream
 
 log = logging.getLogger("longroute.gateway")
 

@@ -32,8 +32,8 @@ from httptools import (
 from longroute.gateway.http import wire
 from longroute.gateway.http.connection_errors import ConnectionErrors, StopParsing
 from longroute.gateway.http.head import check_host, check_transfer_encoding
+from longroute.gateway.http.stream import ResponseStream
 from longroute.gateway.http.types import Headers, HttpRequest, HttpResponse
-from longroute.gateway.http.wire import ResponseStream
 
 if TYPE_CHECKING:
     from longroute.gateway.http.server import HttpServer

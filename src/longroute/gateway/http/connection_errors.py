@@ -17,8 +17,8 @@ from longroute.gateway.http import wire
 
 if TYPE_CHECKING:
     from longroute.gateway.http.server import HttpServer
+    from longroute.gateway.http.stream import ResponseStream
     from longroute.gateway.http.types import HttpRequest
-    from longroute.gateway.http.wire import ResponseStream
 
 log = logging.getLogger("longroute.gateway")
 

@@ -25,8 +25,8 @@ from functools import partial
 from longroute.gateway.http import head, wire
 from longroute.gateway.http.connection import Connection
 from longroute.gateway.http.head import HeadLimits
+from longroute.gateway.http.stream import ResponseStream
 from longroute.gateway.http.types import HttpRequest, HttpResponse
-from longroute.gateway.http.wire import ResponseStream
 
 Handler = Callable[[HttpRequest, ResponseStream], Awaitable[HttpResponse | None]]
 """Called once per request, in its own task; returns a whole response, or None when it

@@ -76,6 +76,12 @@ class UpstreamResponse:
         """The Content-Type header as sent (with parameters), else application/octet-stream."""
         return self.headers.get("content-type", DEFAULT_CONTENT_TYPE)
 
+    @property
+    def is_drained(self) -> bool:
+        """True when the body ended well and every byte of it was handed out: the next
+        :meth:`next_chunk` would return b"" (so the chunk just read was the last)."""
+        return self._is_complete and not self._chunks and self._error is None
+
     async def read(self, max_bytes: int | None = None) -> bytes:
         """The whole remaining body; then releases the connection. Raises UpstreamError, with
         kind "protocol" once the body exceeds ``max_bytes`` (a backend cannot fill memory)."""

@@ -5,22 +5,20 @@ response becomes one ``bytes`` (head and body together, so one
 ``transport.write``). Status lines are prebuilt, content-type lines cached
 (at most :data:`MAX_CACHED_CONTENT_TYPES`, never evicted; others are encoded
 per call) and the ``date`` line is formatted at most once a wall second.
-:class:`ResponseStream` (re-exported by the server module) writes a chunked body.
+:class:`~longroute.gateway.http.stream.ResponseStream` (re-exported by the server
+module) writes a streamed body with these bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 
 from longroute.gateway.errors import INVALID_REQUEST, SERVER_ERROR, error_body
 from longroute.gateway.http.types import JSON_TYPE
-
-if TYPE_CHECKING:
-    from longroute.gateway.http.connection import Connection
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
@@ -98,9 +96,34 @@ def server_line(server_header: str | None) -> bytes:
     return b"server: %s\r\n" % server_header.encode("latin-1")
 
 
+class RenderedHeaders(Mapping[str, str]):
+    """Fixed response headers, checked and rendered once (e.g. the proxy's per backend):
+    :func:`header_lines` hands back their lines without checking them again. Read-only.
+    Headers that fail the checks are rendered, and refused, at each response as any others."""
+
+    __slots__ = ("_items", "lines")
+
+    def __init__(self, items: Mapping[str, str]) -> None:
+        self._items = dict(items)
+        self.lines: bytes | None = None
+        with contextlib.suppress(ValueError):
+            self.lines = header_lines(self._items)
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 def header_lines(headers: Mapping[str, str]) -> bytes:
     """A handler's own headers as ``name: value\r\n`` lines; raises ValueError on a reserved
     name (:data:`RESERVED_HEADERS`), an empty name or one with ':', or CR/LF (header injection)."""
+    if type(headers) is RenderedHeaders and headers.lines is not None:
+        return headers.lines
     if not headers:
         return b""
     lines = []
@@ -192,113 +215,6 @@ def error_response(
     )
 
 
-class ResponseStream:
-    """Chunked (``Transfer-Encoding: chunked``) response to one request.
-
-    The server makes one per request and hands it to the handler with the
-    request; only handlers that stream (e.g. SSE) use it: ``start`` once, then
-    ``write`` per chunk (each one ``transport.write``), then ``end``. To an
-    HTTP/1.0 client the body is close-delimited instead; to HEAD only the head
-    is sent. One task at a time may write.
-    """
-
-    __slots__ = (
-        "_conn",
-        "_is_chunked",
-        "_is_ended",
-        "_is_head",
-        "_is_keep_alive",
-        "_is_started",
-        "extra_head",
-    )
-
-    def __init__(
-        self, conn: Connection, *, is_head: bool, is_keep_alive: bool, is_chunked: bool
-    ) -> None:
-        self._conn = conn
-        self._is_head = is_head
-        self._is_keep_alive = is_keep_alive and is_chunked
-        self._is_chunked = is_chunked
-        self._is_started = False
-        self._is_ended = False
-        self.extra_head = b""  # header lines for this request's response, whole or streamed
-
-    def add_header(self, name: str, value: str) -> None:
-        """A header for this request's response, whole or streamed (e.g. a request id); a
-        reserved name or CR/LF raises ValueError (see :func:`header_lines`)."""
-        if self._is_started:
-            raise RuntimeError("ResponseStream.add_header() after start()")
-        self.extra_head += header_lines({name: value})
-
-    def start(self, status: int, headers: Mapping[str, str], content_type: str) -> None:
-        """Writes the status line and headers (with date, server, connection); once."""
-        if self._is_started:
-            raise RuntimeError("ResponseStream.start() called twice")
-        conn = self._conn
-        is_keep_alive = self._is_keep_alive and not conn.server.is_closing
-        head = stream_head(
-            status,
-            content_type,
-            headers,
-            server=conn.server_line,
-            is_keep_alive=is_keep_alive,
-            is_chunked=self._is_chunked,
-            extra=self.extra_head,
-        )
-        self._is_keep_alive = is_keep_alive
-        self._is_started = True
-        if not conn.is_closed:
-            conn.transport.write(head)
-
-    @property
-    def is_started(self) -> bool:
-        return self._is_started
-
-    @property
-    def is_ended(self) -> bool:
-        """True once the terminating chunk was written (or the stream aborted)."""
-        return self._is_ended
-
-    @property
-    def is_closed(self) -> bool:
-        """True once the client connection is gone (closed by either side)."""
-        return self._conn.is_closed
-
-    async def write(self, data: bytes) -> None:
-        """Sends one chunk; waits while the client is not reading (transport over its
-        high-water mark). Raises ConnectionResetError once the client is gone."""
-        conn = self._conn
-        if conn.is_closed:
-            raise ConnectionResetError("the client connection is closed")
-        if not self._is_started or self._is_ended:
-            raise RuntimeError("ResponseStream.write() outside start() .. end()")
-        if not data or self._is_head:
-            return
-        conn.transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self._is_chunked else data)
-        if conn.is_write_paused:
-            await conn.drain()
-
-    async def end(self) -> None:
-        """Writes the terminating chunk (idempotent); closes the connection if not keep-alive."""
-        if self._is_ended:
-            return
-        if not self._is_started:
-            raise RuntimeError("ResponseStream.end() before start()")
-        self._is_ended = True
-        conn = self._conn
-        if conn.is_closed:
-            return
-        if self._is_chunked and not self._is_head:
-            conn.transport.write(LAST_CHUNK)
-        if not self._is_keep_alive:
-            conn.close()
-
-    def abort(self) -> None:
-        """Closes the client connection now, dropping unsent bytes (e.g. a stalled client)."""
-        self._is_ended = True
-        self._conn.abort()
-
-
 __all__ = [
     "CONNECTION_CLOSE",
     "CONNECTION_KEEP_ALIVE",
@@ -306,7 +222,7 @@ __all__ = [
     "HEADER_NAMES",
     "LAST_CHUNK",
     "RESERVED_HEADERS",
-    "ResponseStream",
+    "RenderedHeaders",
     "content_type_line",
     "date_line",
     "error_response",
