@@ -1,4 +1,4 @@
-"""Command line: `longroute simulate` (more verbs come with the gateway)."""
+"""Command line: `longroute simulate`, and the other verbs (``cli_verbs``, imported when run)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from longroute.cli_options import Command, Group, TraceFormat
+from longroute.cli_options import Command, TraceFormat
+from longroute.cli_verbs import RootGroup
 from longroute.errors import ConfigError
 from longroute.registry import RegistryError
 
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
 
 
 app = typer.Typer(
-    cls=Group,
+    cls=RootGroup,  # serve, emulate, bench, ...: imported when run (cli_verbs.VERBS)
     add_completion=False,
     no_args_is_help=True,
     help="longroute: routing, queueing and context reuse for long-context LLM serving.",
@@ -47,6 +46,9 @@ def _root(
 
 
 def _fail(message: str) -> typer.Exit:
+    from rich.console import Console  # rich is imported where it prints: not for --version
+    from rich.markup import escape
+
     # soft wrap: a long path or file:line must stay on one line, greppable
     Console(stderr=True, soft_wrap=True).print(
         f"[bold red]error:[/] {escape(message)}", highlight=False
@@ -227,6 +229,8 @@ def simulate(
         if ttca:
             size = f"{run.workload.num_requests} queries, up to {run.max_attempts} attempts each"
         title = f"{name} (seed {run.seed}, {size})"
+        from rich.markup import escape
+
         print_tables(console, summary_tables(summaries, title=escape(title), ttca=ttca))
         print_tables(console, setting_tables(ttca) if ttca else [])
     if not no_report:  # on stderr under --json, so a script still learns where it went
@@ -249,36 +253,13 @@ def _load_frozen(path: Path | None) -> FrozenWeights | None:
     return load_weights(path)
 
 
-def _register_commands() -> None:
-    """Verbs whose code lives in their own packages (imported lazily inside them)."""
-    from longroute.bench.cli import bench_command
-    from longroute.demo.cli import demo_command
-    from longroute.emulator.cli import emulate_command
-    from longroute.epp.cli import epp_command
-    from longroute.fit_cli import fit_app
-    from longroute.gateway.cli import serve_command
-    from longroute.profiling.cli import profile_command
-    from longroute.sweep.cli import sweep_command
-    from longroute.tune_cli import tune_command
-
-    app.command("serve", cls=Command)(serve_command)
-    app.command("emulate", cls=Command)(emulate_command)
-    app.command("bench", cls=Command)(bench_command)
-    app.command("demo", cls=Command)(demo_command)
-    app.command("tune", cls=Command)(tune_command)
-    app.command("sweep", cls=Command)(sweep_command)
-    app.command("epp", cls=Command)(epp_command)
-    app.command("profile", cls=Command)(profile_command)
-    app.add_typer(fit_app, name="fit")
-
-
-_register_commands()
-
-
 def main() -> None:
-    from longroute.sweep.cli import normalize_ray_flag
+    args = sys.argv[1:]
+    if "--ray" in args:  # the only flag normalize_ray_flag rewrites; sweep.cli is not light
+        from longroute.sweep.cli import normalize_ray_flag
 
-    app(args=normalize_ray_flag(sys.argv[1:]))
+        args = normalize_ray_flag(args)
+    app(args=args)
 
 
 if __name__ == "__main__":
