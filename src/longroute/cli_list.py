@@ -5,6 +5,12 @@ Each name comes with one line on what it is: a scenario's ``description``
 shape (models) or datasheet figures (GPUs). Lines are cut to fit
 :data:`MAX_WIDTH` columns (or a narrower terminal), so a long description
 never wraps under the next name.
+
+The listing imports no router, workload or simulator module: those bring numpy,
+scipy and pydantic, several times the cost of the listing itself. Routers and
+workloads are listed from :data:`ROUTER_DESCRIPTIONS` and :data:`WORKLOAD_DESCRIPTIONS`, and
+tests/test_cli_imports.py checks them against ``ROUTERS`` and ``WORKLOADS``;
+scenarios and profiles are read from their YAML files, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +28,57 @@ _INDENT = "  "
 _GAP = 2
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _HF_ID = re.compile(r"[A-Za-z][\w.-]*/[\w.-]+")
+
+
+#: name -> ``ROUTERS.describe(name)``, for every built-in router
+ROUTER_DESCRIPTIONS: dict[str, str] = {
+    "aibrix-prefix-cache": (
+        "AIBrix's prefix-cache routing: cached prefix, unless the load is unbalanced"
+    ),
+    "chimera": "Chimera: the most confident model within a latency slack of the fastest",
+    "gorgo": "GORGO: least cost over network distance, uncached prefill and queued work",
+    "laar": "LAAR: least expected time to a correct answer, latency over accuracy (L/Q)",
+    "least-load": "Picks the candidate with the fewest queued tokens.",
+    "least-request": "Picks the candidate with the fewest router-dispatched requests in flight.",
+    "load-aware": "Picks among the endpoints with the shortest engine queue, uniformly at random.",
+    "ltr": "vLLM's load balancer plus learning-to-rank shortest job first",
+    "mlfq": "vLLM's load balancer plus multi-level feedback queues by attained service",
+    "oracle-sjf": "Simulator only: vllm-lb with the request's true output length as priority",
+    "oracle-stjf": "Simulator only: vllm-lb with the true remaining workflow output as priority",
+    "prefix-cache": (
+        "Sends a prompt where its prefix is cached, unless the fleet is out of balance."
+    ),
+    "random": "Picks a healthy candidate uniformly at random from the injected RNG.",
+    "round-robin": "Cycles over the candidates in fleet order, one cursor per requested model.",
+    "session-affinity": "Keeps a session on one endpoint with a consistent-hash ring.",
+    "ttca": "The least expected time to a correct answer, everything priced in seconds",
+    "vllm-lb": "vLLM's load balancer: least weighted sum of waiting and running requests",
+}
+#: name -> ``WORKLOADS.describe(name)``, for every built-in workload generator
+WORKLOAD_DESCRIPTIONS: dict[str, str] = {
+    "agent-workflows": "Multi-agent workflows (code and math, 1-4 stages) shaped after Chimera's",
+    "art-chat": "Long multi-turn chat whose prefix reuse is almost all in-session",
+    "blend": "Several generators' sessions in one workload (its parts)",
+    "kv-lookup": "KV-lookup questions with checkable answers over lengths and languages (TTCA)",
+    "long-sessions": (
+        "Multi-turn sessions over a long context (agentic work, chat over long documents)."
+    ),
+    "medha-mix": (
+        "Single-turn requests, a long_fraction of them MEDHA-SWE-like, the rest ShareGPT4-like."
+    ),
+    "mixed-long-short": "Short chat requests mixed with a few very long ones",
+    "rag": "Retrieval-augmented queries over a shared corpus of documents",
+    "short-chat": (
+        "Single-turn chat requests; a shared_prefix_fraction of them start with a system prompt."
+    ),
+}
+
+
+def scenario_names() -> list[str]:
+    """The built-in scenarios, as ``longroute.sim.scenario.builtin_scenario_names`` (which
+    imports the simulator) gives them: the YAML files of ``longroute/data/scenarios``."""
+    folder = resources.files("longroute") / "data" / "scenarios"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
 def _first_sentence(text: str) -> str:
@@ -74,17 +131,14 @@ def _hardware_description(name: str) -> str:
 def list_sections() -> list[tuple[str, list[tuple[str, str]]]]:
     """(section title, [(name, one-line description)]) for everything ``--list`` shows."""
     from longroute.estimators.profiles import hardware_profile_names, model_profile_names
-    from longroute.routing import ROUTERS
-    from longroute.sim.scenario import builtin_scenario_names
-    from longroute.workloads.registry import WORKLOADS
 
     def rows(names: Iterable[str], describe: Callable[[str], str]) -> list[tuple[str, str]]:
         return [(name, describe(name)) for name in names]
 
     return [
-        ("scenarios", rows(builtin_scenario_names(), _scenario_description)),
-        ("routers", rows(ROUTERS.names(), ROUTERS.describe)),
-        ("workloads", rows(WORKLOADS.names(), WORKLOADS.describe)),
+        ("scenarios", rows(scenario_names(), _scenario_description)),
+        ("routers", list(ROUTER_DESCRIPTIONS.items())),
+        ("workloads", list(WORKLOAD_DESCRIPTIONS.items())),
         ("model profiles", rows(model_profile_names(), _model_description)),
         ("hardware profiles", rows(hardware_profile_names(), _hardware_description)),
     ]
@@ -110,4 +164,11 @@ def print_list(console: Console) -> None:
             console.print(line, soft_wrap=True, highlight=False)
 
 
-__all__ = ["MAX_WIDTH", "list_sections", "print_list"]
+__all__ = [
+    "MAX_WIDTH",
+    "ROUTER_DESCRIPTIONS",
+    "WORKLOAD_DESCRIPTIONS",
+    "list_sections",
+    "print_list",
+    "scenario_names",
+]
