@@ -2,62 +2,149 @@
 
 Each command runs ``--repeat`` times (default 7) in a fresh process, after one
 unmeasured warm-up run (so the OS file cache is warm, as it is for a user's
-second command); the median is reported. Goals (issue 14): ``--help`` <= 0.5 s,
-``simulate --list`` <= 1 s on this machine. The last line is one JSON object.
+second command); the median is reported, with the process's CPU time (user +
+system), which a busy neighbour disturbs less than the wall time. Goals
+(issue 36): ``--help`` <= 0.3 s, ``simulate --list`` <= 0.6 s (wall, median).
+The last line is one JSON object.
 
-    python benchmarks/cli_startup.py [--repeat 7]
+With ``--baseline REF`` every command also runs on the source of commit REF,
+checked out in a temporary git worktree (removed at the end): the two sources
+alternate run by run (``PYTHONPATH`` picks one), the order swapped every round,
+and each command's line gains REF's medians and HEAD / REF (of the medians).
+
+    python benchmarks/cli_startup.py [--repeat 7] [--baseline 654d407]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 LONGROUTE = Path(sys.executable).with_name("longroute")
 COMMANDS = {
     "help": ["--help"],
     "version": ["--version"],
     "simulate_list": ["simulate", "--list"],
 }
-GOALS_S = {"help": 0.5, "simulate_list": 1.0}
+GOALS_S = {"help": 0.3, "simulate_list": 0.6}
 
 
-def _time(args: list[str]) -> float:
+def _time(args: list[str], source: Path) -> tuple[float, float]:
+    """(wall s, CPU s) of one ``longroute ARGS`` run on the package under ``source``."""
+    env = {**os.environ, "PYTHONPATH": str(source)}
     start = time.perf_counter()
-    subprocess.run([str(LONGROUTE), *args], check=True, capture_output=True)
-    return time.perf_counter() - start
+    process = subprocess.Popen(
+        [str(LONGROUTE), *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if status != 0:
+        sys.exit(f"longroute {' '.join(args)} failed on {source} (wait status {status})")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+@contextlib.contextmanager
+def _worktree(ref: str) -> Iterator[Path]:
+    """``ref`` checked out (detached) in a temporary worktree; yields its ``src``."""
+    tmp = Path(tempfile.mkdtemp(prefix="lr-cli-startup-"))
+    tree = tmp / "tree"
+    made = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), ref],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if made.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(f"--baseline {ref}: git worktree add failed: {made.stderr.strip()}")
+    try:
+        yield tree / "src"
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)  # fmt: skip
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(sources: dict[str, Path], repeat: int) -> dict[str, dict[str, list[list[float]]]]:
+    """side -> command -> [walls, cpus]; the sides alternate, their order swapped each round."""
+    runs = {side: {name: [[], []] for name in COMMANDS} for side in sources}
+    for name, command in COMMANDS.items():
+        for source in sources.values():
+            _time(command, source)  # warm-up
+        for i in range(repeat):
+            order = list(sources.items())
+            for side, source in order if i % 2 == 0 else order[::-1]:
+                wall, cpu = _time(command, source)
+                runs[side][name][0].append(wall)
+                runs[side][name][1].append(cpu)
+    return runs
+
+
+def _medians(runs: dict[str, list[list[float]]], which: int) -> dict[str, float]:
+    return {name: round(statistics.median(r[which]), 3) for name, r in runs.items()}
+
+
+def _line(label: str, runs: list[list[float]]) -> str:
+    walls, cpus = runs
+    return (
+        f"{label:<27} median {statistics.median(walls):.3f} s (min {min(walls):.3f}, "
+        f"max {max(walls):.3f}), CPU {statistics.median(cpus):.3f} s"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument(
+        "--baseline", metavar="REF", help="also run on commit REF (a temporary worktree)"
+    )
     args = parser.parse_args()
-    medians: dict[str, float] = {}
-    runs: dict[str, list[float]] = {}
+    if args.repeat < 1:
+        sys.exit(f"--repeat must be >= 1, got {args.repeat}")
+    with contextlib.ExitStack() as stack:
+        sources = {"head": ROOT / "src"}
+        if args.baseline:
+            sources["baseline"] = stack.enter_context(_worktree(args.baseline))
+        runs = _measure(sources, args.repeat)
+    head = runs["head"]
+    medians, cpu = _medians(head, 0), _medians(head, 1)
+    report: dict[str, object] = {
+        "median_s": medians,
+        "cpu_median_s": cpu,
+        "runs_s": {k: [round(v, 3) for v in r[0]] for k, r in head.items()},
+        "repeat": args.repeat,
+    }
+    base = runs.get("baseline")
+    if base is not None:
+        base_medians, base_cpu = _medians(base, 0), _medians(base, 1)
+        report["baseline"] = {
+            "ref": args.baseline,
+            "median_s": base_medians,
+            "cpu_median_s": base_cpu,
+            "ratio_wall": {k: round(medians[k] / base_medians[k], 2) for k in COMMANDS},
+            "ratio_cpu": {k: round(cpu[k] / base_cpu[k], 2) for k in COMMANDS},
+        }
     for name, command in COMMANDS.items():
-        _time(command)  # warm-up
-        runs[name] = [_time(command) for _ in range(args.repeat)]
-        medians[name] = statistics.median(runs[name])
-        print(f"{'longroute ' + ' '.join(command):<28} median {medians[name]:.3f} s "
-              f"(min {min(runs[name]):.3f}, max {max(runs[name]):.3f})")  # fmt: skip
-    goals = {
+        print(_line("longroute " + " ".join(command), head[name]))
+        if base is not None:
+            ratio = medians[name] / base_medians[name]
+            print(_line(f"  {args.baseline}", base[name]) + f"; HEAD/REF {ratio:.2f}")
+    report["goals"] = {
         f"{name}_s": {
             "target": f"<= {limit} s",
-            "value": round(medians[name], 3),
+            "value": medians[name],
             "met": medians[name] <= limit,
         }
         for name, limit in GOALS_S.items()
-    }
-    report = {
-        "median_s": {k: round(v, 3) for k, v in medians.items()},
-        "runs_s": {k: [round(v, 3) for v in vs] for k, vs in runs.items()},
-        "repeat": args.repeat,
-        "goals": goals,
     }
     print(json.dumps(report, sort_keys=True))
 
