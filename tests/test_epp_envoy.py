@@ -15,7 +15,7 @@ import os
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
@@ -103,6 +103,49 @@ def test_streamed_through_envoy(stack: EppStack) -> None:
         chunks = list(response.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and chunks[-1].usage is not None
+
+
+def _envoy_counters(stack: EppStack) -> dict[str, int]:
+    """Envoy's ext_proc counters (messages each way, streams) from its admin API."""
+    with urllib.request.urlopen(stack.envoy.admin_url + "/stats?filter=ext_proc", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    pairs = (line.rsplit(": ", 1) for line in lines if ": " in line)
+    return {name.rsplit(".", 1)[1]: int(value) for name, value in pairs if value.isdigit()}
+
+
+def _picker_metric(stack: EppStack, prefix: str) -> float:
+    with urllib.request.urlopen(stack.epp.base_url + "/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))
+
+
+def _settled(read: Callable[[], float], expected: float) -> float:
+    """``read()`` once it reaches ``expected`` (the stream's end comes just after the client
+    has the answer), or its value after 10 s."""
+    deadline = time.monotonic() + 10
+    while (value := read()) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def test_messages_per_request_and_the_accounting_at_the_streams_end(stack: EppStack) -> None:
+    ok = 'longroute_requests_total{code="200"'
+    for stream, max_messages in ((False, 3), (True, 16)):
+        before, answered = _envoy_counters(stack), _picker_metric(stack, ok)
+        _chat(stack, "Count my messages.") if not stream else list(
+            _client(stack).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True
+            )
+        )
+        closed = before["streams_closed"] + 1
+        assert _settled(lambda: _envoy_counters(stack)["streams_closed"], closed) == closed
+        # finished when Envoy ended the stream, as answered
+        assert _settled(lambda: _picker_metric(stack, ok), answered + 1) == answered + 1
+        after = _envoy_counters(stack)
+        sent = after["stream_msgs_sent"] - before["stream_msgs_sent"]
+        received = after["stream_msgs_received"] - before["stream_msgs_received"]
+        # headers, the whole body, the response headers; a streamed answer's chunks too
+        assert sent == received and (sent == 3 if not stream else 3 < sent <= max_messages)
 
 
 def test_completions_route_through_envoy(stack: EppStack) -> None:

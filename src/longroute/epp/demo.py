@@ -57,7 +57,8 @@ def run_demo() -> int:
         started_s = time.monotonic()
         with (
             Launcher(ready_timeout_s=60.0) as launcher,
-            start_epp_stack(launcher, binary, speed=10.0) as stack,
+            # every answer read, so that its usage (the cached prompt tokens) is counted
+            start_epp_stack(launcher, binary, speed=10.0, response_bodies="all") as stack,
         ):
             out.print(
                 f"      ready in {time.monotonic() - started_s:.1f} s: Envoy {stack.url}, "

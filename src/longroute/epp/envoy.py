@@ -2,8 +2,9 @@
 
 :func:`epp_config` is the config of ``examples/envoy-epp.yaml`` (a test keeps
 the two equal): one HTTP listener whose ``ext_proc`` filter asks the picker
-about every request (headers, trailers and both bodies sent,
-``FULL_DUPLEX_STREAMED``), and an ``ORIGINAL_DST`` cluster that connects to the
+about every request (headers and the ``BUFFERED`` request body sent, response
+bodies ``STREAMED`` unless the picker's ``mode_override`` turns them off), and an
+``ORIGINAL_DST`` cluster that connects to the
 address in the ``x-gateway-destination-endpoint`` header the picker sets.
 :func:`direct_config` is plain Envoy with a round-robin cluster over fixed
 backends, the baseline of ``benchmarks/epp_overhead.py``.
@@ -35,13 +36,20 @@ _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_man
 _EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+#: The gateway's default ``admission.max_body_bytes`` (8 MiB).
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def _listener(port: int, cluster: str, http_filters: list[dict[str, Any]]) -> dict[str, Any]:
+def _listener(
+    port: int,
+    cluster: str,
+    http_filters: list[dict[str, Any]],
+    buffer_limit_bytes: int | None = None,
+) -> dict[str, Any]:
     manager = {
         "@type": _HCM + "HttpConnectionManager",
         "stat_prefix": "inference",
@@ -64,9 +72,11 @@ def _listener(port: int, cluster: str, http_filters: list[dict[str, Any]]) -> di
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _ROUTER}},
         ],
     }
+    listener: dict[str, Any] = {"name": "inference", "address": _address("127.0.0.1", port)}
+    if buffer_limit_bytes is not None:
+        listener["per_connection_buffer_limit_bytes"] = buffer_limit_bytes
     return {
-        "name": "inference",
-        "address": _address("127.0.0.1", port),
+        **listener,
         "filter_chains": [
             {
                 "filters": [
@@ -87,8 +97,11 @@ def epp_config(
     epp_host: str = "127.0.0.1",
     epp_port: int = 9002,
     failure_mode_allow: bool = False,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> dict[str, Any]:
-    """Envoy in front of ``longroute epp`` (see the module doc)."""
+    """Envoy in front of ``longroute epp`` (see the module doc). ``max_body_bytes``: the
+    largest request body Envoy buffers for the picker (its per-connection buffer limit;
+    Envoy answers 413 above it), the gateway's ``admission.max_body_bytes`` default."""
     ext_proc = {
         "@type": _EXT_PROC,
         "grpc_service": {"envoy_grpc": {"cluster_name": "longroute_epp"}, "timeout": "10s"},
@@ -96,15 +109,19 @@ def epp_config(
         # it on unrouted; Envoy then answers 503 by itself (a status clients retry)
         "failure_mode_allow": failure_mode_allow,
         "status_on_error": {"code": 503},
+        # the whole request body in one message (Envoy holds the headers until the picker
+        # answers it); response bodies by default, each chunk as it passes, and the picker
+        # turns them off per request (mode_override) where it does not read them
         "processing_mode": {
             "request_header_mode": "SEND",
             "response_header_mode": "SEND",
-            "request_body_mode": "FULL_DUPLEX_STREAMED",
-            "response_body_mode": "FULL_DUPLEX_STREAMED",
-            "request_trailer_mode": "SEND",
+            "request_body_mode": "BUFFERED",
+            "response_body_mode": "STREAMED",
+            "request_trailer_mode": "SKIP",
             "response_trailer_mode": "SEND",
         },
-        # the picker answers the headers only once the whole body has arrived
+        "allow_mode_override": True,
+        # the picker answers each message at once; the bound is for a stalled picker
         "message_timeout": "60s",
         # accept the picked endpoint in the picker's dynamic metadata
         "metadata_options": {"receiving_namespaces": {"untyped": [METADATA_NAMESPACE]}},
@@ -137,7 +154,7 @@ def epp_config(
     return {
         "admin": {"address": _address("127.0.0.1", admin_port)},
         "static_resources": {
-            "listeners": [_listener(port, "inference_pool", filters)],
+            "listeners": [_listener(port, "inference_pool", filters, max_body_bytes)],
             "clusters": [pool_cluster, epp_cluster],
         },
     }

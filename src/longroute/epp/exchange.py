@@ -1,28 +1,36 @@
 """One HTTP request's ext_proc message sequence, as a state machine without I/O.
 
-Envoy (``FULL_DUPLEX_STREAMED`` request and response bodies, headers and
-trailers sent) opens one ``Process`` stream per HTTP request and sends, in
-order: the request headers, the request body in chunks as they arrive (the
-last with ``end_of_stream``, or request trailers after it), then the response
-headers, body chunks and trailers. :meth:`Exchange.on_message` takes each
-message and returns the messages to send back:
+Envoy opens one ``Process`` stream per HTTP request. :meth:`Exchange.on_message`
+takes each message and returns the messages to send back. Two Envoy configs are
+understood, told apart by the ``protocol_config`` of the first message:
 
-- request headers: nothing yet (the body decides), or an ``ImmediateResponse``
-  at once for a request that cannot be served whatever its body (unknown path,
-  wrong method or media type, missing API key, oversized headers);
-- request body chunks: buffered (413 past ``max_body_bytes``); at the end of
-  the body the picker routes it, and the answer is the request-headers response
-  (the destination in the ``x-gateway-destination-endpoint`` header and in the
-  ``envoy.lb`` dynamic metadata), then the body passed on in chunks of at most
-  62,000 bytes; or an ``ImmediateResponse`` (400 invalid body, 404 unknown
-  model, 429 shed, 503 no ready endpoint, ...);
-- response headers, body chunks and trailers: passed on unchanged (the
-  response headers gain ``x-longroute-endpoint``); the first body byte is the
-  backend's first token for the router, the end of the response its completion.
+**BUFFERED** (:func:`~longroute.epp.envoy.epp_config`, mode overrides allowed):
+
+- request headers: ``CONTINUE`` (Envoy then buffers the body and sends it in one
+  message, still holding the headers), or an ``ImmediateResponse`` at once for a
+  request that cannot be served whatever its body (unknown path, wrong method or
+  media type, missing API key, oversized headers);
+- request body: routed; the answer sets the destination (the
+  ``x-gateway-destination-endpoint`` header and the ``envoy.lb`` dynamic
+  metadata) and replaces the body only where the picker rewrote it; or an
+  ``ImmediateResponse`` (400, 404, 413, 429, 503, ...);
+- response headers: continue (adding ``x-longroute-endpoint``) with a
+  ``mode_override`` saying whether the response body comes to the picker (see
+  :class:`ResponseBodies`); without it the exchange waits for the stream's end,
+  which Envoy sends when the HTTP stream ends, and finishes the request there
+  with the status of the headers;
+- response body chunks (when asked for): passed on unchanged, the first is the
+  backend's first token, the last (or the trailers) the end of the answer.
+
+**FULL_DUPLEX_STREAMED** (earlier configs): nothing is answered to the request
+headers until the body's end; the body comes in chunks and is sent back in
+chunks of at most 62,000 bytes after the destination; every response body chunk
+is sent back too (mode overrides are not allowed in this mode).
 
 :meth:`Exchange.close` is called when the stream ends however it ends; an
 exchange that picked and did not see its response end (the client hung up, the
-upstream broke) frees its slot there, as a failed request.
+upstream broke) frees its slot there, as a failed request, unless it was passing
+the response body without reading it (then the request ends there as answered).
 
 Messages that do not fit the phase (a body before headers, a response before
 the pick) raise :class:`ProtocolError`; the server ends the stream with it.
@@ -42,6 +50,7 @@ from longroute.gateway.parse import ROUTES
 from longroute.headers import ENDPOINT_HEADER
 
 MODELS_PATH = "/v1/models"
+SSE_TYPE = "text/event-stream"
 #: Bytes of request or response header names and values at most (Envoy's own default
 #: limit is 60 KiB); more is answered 431.
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
@@ -71,7 +80,26 @@ class Phase(Enum):
     REQUEST_BODY = "request_body"
     AWAITING_RESPONSE = "awaiting_response"
     RESPONSE_BODY = "response_body"
+    #: the response body passes without the picker; the stream's end ends the request
+    AWAITING_END = "awaiting_end"
     DONE = "done"
+
+
+class ResponseBodies(Enum):
+    """Which response bodies the picker reads (BUFFERED configs; every one otherwise).
+
+    A body read gives the first token's time (the router's ``on_first_token``, the
+    prompt no longer owed, the TTFT histogram), the ``usage`` at its end (the cached
+    prompt tokens counter, the observed answer length) and the answer's true end;
+    every chunk costs a message each way. Not read: a non-streamed answer's first
+    token is taken at its headers (they come with the body), a streamed one has none,
+    usage is not counted, and the request ends when Envoy ends the stream."""
+
+    ALL = "all"  #: every answer with a status below 400
+    #: streamed (SSE) answers, where the first token comes long after the headers; every
+    #: answer when the router reads observed lengths (``needs_observed_length``)
+    AUTO = "auto"
+    NONE = "none"  #: no answer
 
 
 Responses = list[Any]  # ProcessingResponse messages (generated classes are untyped)
@@ -83,8 +111,10 @@ class Exchange:
     __slots__ = (
         "_body",
         "_headers",
+        "_is_buffered",
         "_max_body_bytes",
         "_max_header_bytes",
+        "_observe",
         "_picker",
         "_route",
         "_status",
@@ -99,8 +129,11 @@ class Exchange:
         *,
         max_body_bytes: int,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        response_bodies: ResponseBodies = ResponseBodies.ALL,
     ) -> None:
         self._picker = picker
+        self._observe = response_bodies
+        self._is_buffered = False
         self._max_body_bytes = max_body_bytes
         self._max_header_bytes = max_header_bytes
         self._body = bytearray()
@@ -122,6 +155,9 @@ class Exchange:
             return []  # e.g. a response phase after an ImmediateResponse: nothing to add
         if kind == "request_headers":
             self._expect(Phase.REQUEST_HEADERS, kind)
+            if message.HasField("protocol_config"):
+                mode = message.protocol_config.request_body_mode
+                self._is_buffered = mode == messages.BUFFERED
             return self._on_request_headers(message.request_headers)
         if kind == "request_body":
             self._expect(Phase.REQUEST_BODY, kind)
@@ -143,7 +179,9 @@ class Exchange:
 
     def close(self) -> None:
         """The stream ended; an unfinished pick is released as failed. Idempotent."""
-        if self.pick is not None and not self.pick.is_finished:
+        if self.phase is Phase.AWAITING_END:  # the unread response body has passed
+            self._finish()
+        elif self.pick is not None and not self.pick.is_finished:
             self._picker.finish(self.pick, None)
         elif self.phase is Phase.REQUEST_BODY:  # the client hung up mid-body
             self._picker.count_rejected(self._route, CLIENT_CLOSED_STATUS, "client_disconnect")
@@ -178,28 +216,38 @@ class Exchange:
         self.phase = Phase.REQUEST_BODY
         if message.end_of_stream:  # a POST without a body: routed (and refused) as one
             return self._route_request(is_end=True)
-        return []
+        return [messages.CONTINUE_REQUEST_HEADERS] if self._is_buffered else []
 
     def _on_request_body(self, message: Any) -> Responses:
+        if self._is_buffered:  # the whole body in one message: no copy to gather it
+            if len(message.body) > self._max_body_bytes:
+                return self._reject(self._too_large())
+            return self._route_request(is_end=True, raw=message.body)
         body = self._body
         body += message.body
         if len(body) > self._max_body_bytes:
             self._body = bytearray()
-            return self._reject(
-                GatewayError(
-                    413,
-                    f"the request body is larger than {self._max_body_bytes} bytes",
-                    kind="body_too_large",
-                    code="request_too_large",
-                )
-            )
+            return self._reject(self._too_large())
         if message.end_of_stream:
             return self._route_request(is_end=True)
         return []
 
-    def _route_request(self, *, is_end: bool) -> Responses:
-        raw = bytes(self._body)
-        self._body = bytearray()
+    def _too_large(self) -> GatewayError:
+        return GatewayError(
+            413,
+            f"the request body is larger than {self._max_body_bytes} bytes",
+            kind="body_too_large",
+            code="request_too_large",
+        )
+
+    def _route_request(self, *, is_end: bool, raw: bytes | None = None) -> Responses:
+        """``raw``: a whole body from a BUFFERED body message (answered there); else the
+        body gathered so far, answered in full-duplex chunks or at the headers."""
+        is_buffered_body = raw is not None
+        if raw is None:
+            raw = bytes(self._body)
+            self._body = bytearray()
+        received = raw
         try:
             pick, raw = self._picker.pick(self._route, self._headers, raw)
         except GatewayError as err:
@@ -208,6 +256,9 @@ class Exchange:
             return self._reject(bad_request("the body's JSON is nested too deeply"))
         self.pick = pick
         self.phase = Phase.AWAITING_RESPONSE
+        if is_buffered_body:
+            rewritten = None if raw is received or raw == received else raw
+            return [messages.buffered_destination_response(pick.destination, rewritten)]
         return [
             messages.destination_response(pick.destination, {}),
             *messages.request_body_responses(raw, is_end=is_end),
@@ -228,14 +279,32 @@ class Exchange:
         names = self._picker.names_by_address
         primary = pick.destination.partition(",")[0]
         self.served_by = names.get(served or primary) or names.get(primary)
-        answer = messages.response_headers_response(
-            {ENDPOINT_HEADER: self.served_by} if self.served_by else {}
-        )
+        if not self._is_buffered:
+            answer = messages.response_headers_response(
+                {ENDPOINT_HEADER: self.served_by} if self.served_by else {}
+            )
+            if headers.end_of_stream:
+                self._finish()
+            else:
+                self.phase = Phase.RESPONSE_BODY
+            return [answer]
+        is_ok = self._status < 400
+        is_sse = raw.get("content-type", "").startswith(SSE_TYPE)
+        observe = is_ok and not headers.end_of_stream and self._reads_body(is_sse)
         if headers.end_of_stream:
             self._finish()
-        else:
+        elif observe:
             self.phase = Phase.RESPONSE_BODY
-        return [answer]
+        else:
+            if is_ok and not is_sse:  # the answer's body comes with its headers
+                self._picker.first_byte(pick)
+            self.phase = Phase.AWAITING_END
+        shared = messages.shared_response_headers_response
+        return [shared(ENDPOINT_HEADER, self.served_by, observe)]
+
+    def _reads_body(self, is_sse: bool) -> bool:
+        policy = self._observe
+        return policy is ResponseBodies.ALL or (policy is ResponseBodies.AUTO and is_sse)
 
     def _on_response_body(self, message: Any) -> Responses:
         pick = self.pick
@@ -248,6 +317,8 @@ class Exchange:
         is_end = bool(message.end_of_stream)
         if is_end:
             self._finish()
+        if self._is_buffered:  # STREAMED: the chunk passes on unchanged
+            return [messages.CONTINUE_RESPONSE_BODY]
         return [messages.response_body_response(chunk, is_end=is_end)]
 
     def _finish(self) -> None:

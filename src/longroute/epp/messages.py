@@ -9,8 +9,10 @@ picker sets is built here, so the protocol's constants live in one place.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     BodyMutation,
     BodyResponse,
@@ -36,6 +38,29 @@ SERVED_KEY = "x-gateway-destination-endpoint-served"
 MAX_BODY_CHUNK_BYTES = 62_000
 
 _OVERWRITE = HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
+BUFFERED = ProcessingMode.BUFFERED
+FULL_DUPLEX_STREAMED = ProcessingMode.FULL_DUPLEX_STREAMED
+
+
+def _mode(response_body_mode: int) -> ProcessingMode:
+    """A whole processing mode for ``mode_override``: Envoy takes body modes from an override
+    as they are (NONE is also the unset value), so every field is spelled out. A body read
+    comes with its trailers (when it has any, they, not the last chunk, end it)."""
+    is_read = response_body_mode != ProcessingMode.NONE
+    return ProcessingMode(
+        request_header_mode=ProcessingMode.SEND,
+        response_header_mode=ProcessingMode.SEND,
+        request_body_mode=ProcessingMode.BUFFERED,
+        response_body_mode=response_body_mode,
+        request_trailer_mode=ProcessingMode.SKIP,
+        response_trailer_mode=ProcessingMode.SEND if is_read else ProcessingMode.SKIP,
+    )
+
+
+#: mode_override for a response whose body the picker reads (each chunk, as it passes).
+OBSERVE_BODY_MODE = _mode(ProcessingMode.STREAMED)
+#: mode_override for a response whose body goes to the client without the picker.
+HEADERS_ONLY_MODE = _mode(ProcessingMode.NONE)
 
 
 class HeaderTooLargeError(ValueError):
@@ -84,12 +109,53 @@ def destination_response(destination: str, headers: Mapping[str, str]) -> Proces
     """The answer to the request headers: the destination in a header (overwriting any the
     client sent) and, with the same value, in the ``envoy.lb`` dynamic metadata; ``headers``
     are set too."""
+    return ProcessingResponse(
+        request_headers=HeadersResponse(response=_destination_common({**headers}, destination)),
+        dynamic_metadata=_destination_metadata(destination),
+    )
+
+
+def _destination_common(headers: dict[str, str], destination: str = "") -> CommonResponse:
+    if destination:
+        headers[DESTINATION_KEY] = destination
+    return CommonResponse(header_mutation=_set_headers(headers))
+
+
+def _destination_metadata(destination: str) -> Struct:
     metadata = Struct()
     metadata.get_or_create_struct(METADATA_NAMESPACE)[DESTINATION_KEY] = destination
-    mutation = _set_headers({**headers, DESTINATION_KEY: destination})
+    return metadata
+
+
+#: The answer to the request headers in BUFFERED mode: go on (Envoy then sends the whole
+#: body, still holding the headers). Shared: never mutate it.
+CONTINUE_REQUEST_HEADERS = ProcessingResponse(request_headers=HeadersResponse())
+#: The answer to a STREAMED response body chunk: pass it on unchanged. Shared, as above.
+CONTINUE_RESPONSE_BODY = ProcessingResponse(response_body=BodyResponse())
+
+
+def buffered_destination_response(destination: str, body: bytes | None) -> ProcessingResponse:
+    """The answer to the whole request body (BUFFERED mode): the destination header and
+    metadata, set here because Envoy holds the request headers until the body is answered;
+    ``body`` (when the picker rewrote it) replaces the body, with its content-length.
+
+    Without a body the message is shared by every request to ``destination`` (built once:
+    a handful of endpoints); never mutate it."""
+    if body is None:
+        return _buffered_destination(destination)
+    common = _destination_common({"content-length": str(len(body))}, destination)
+    common.body_mutation.body = body
     return ProcessingResponse(
-        request_headers=HeadersResponse(response=CommonResponse(header_mutation=mutation)),
-        dynamic_metadata=metadata,
+        request_body=BodyResponse(response=common),
+        dynamic_metadata=_destination_metadata(destination),
+    )
+
+
+@lru_cache(maxsize=1024)
+def _buffered_destination(destination: str) -> ProcessingResponse:
+    return ProcessingResponse(
+        request_body=BodyResponse(response=_destination_common({}, destination)),
+        dynamic_metadata=_destination_metadata(destination),
     )
 
 
@@ -118,10 +184,24 @@ def _streamed(chunk: bytes, *, is_end: bool) -> BodyResponse:
     )
 
 
-def response_headers_response(headers: Mapping[str, str]) -> ProcessingResponse:
-    """The answer to the response headers: continue, setting ``headers``."""
+def response_headers_response(
+    headers: Mapping[str, str], mode: ProcessingMode | None = None
+) -> ProcessingResponse:
+    """The answer to the response headers: continue, setting ``headers``; ``mode`` (a
+    mode_override, BUFFERED configs only) says whether the response body comes too."""
     common = CommonResponse(header_mutation=_set_headers(headers)) if headers else CommonResponse()
-    return ProcessingResponse(response_headers=HeadersResponse(response=common))
+    return ProcessingResponse(response_headers=HeadersResponse(response=common), mode_override=mode)
+
+
+@lru_cache(maxsize=1024)
+def shared_response_headers_response(
+    endpoint_header: str, name: str | None, observe_body: bool
+) -> ProcessingResponse:
+    """:func:`response_headers_response` setting ``endpoint_header: name`` (none when
+    ``name`` is None) with OBSERVE_BODY_MODE or HEADERS_ONLY_MODE, built once per endpoint
+    and mode; never mutate it."""
+    mode = OBSERVE_BODY_MODE if observe_body else HEADERS_ONLY_MODE
+    return response_headers_response({endpoint_header: name} if name else {}, mode)
 
 
 def request_trailers_response() -> ProcessingResponse:

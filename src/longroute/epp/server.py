@@ -29,7 +29,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from longroute.epp.exchange import Exchange, Phase, ProtocolError
+from longroute.epp.exchange import Exchange, Phase, ProtocolError, ResponseBodies
 from longroute.epp.picker import EndpointPicker
 from longroute.gateway.config import GatewayConfig, GatewaySecrets
 from longroute.gateway.http.server import HttpServer, ResponseStream
@@ -48,15 +48,24 @@ MAX_GRPC_MESSAGE_BYTES = 4 * 1024 * 1024
 class ExtProcService(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     """``Process``: one stream per HTTP request, driven by an :class:`Exchange`."""
 
-    def __init__(self, picker: EndpointPicker) -> None:
+    def __init__(
+        self, picker: EndpointPicker, response_bodies: ResponseBodies = ResponseBodies.AUTO
+    ) -> None:
         self.picker = picker
+        if response_bodies is ResponseBodies.AUTO and getattr(
+            picker.router, "needs_observed_length", False
+        ):
+            response_bodies = ResponseBodies.ALL  # the router learns from every answer's usage
+        self.response_bodies = response_bodies
         config = picker.config
         self.max_body_bytes = config.admission.max_body_bytes
         self.body_timeout_s = config.http.body_timeout_s
         self.request_timeout_s = config.admission.request_timeout_s
 
     async def Process(self, request_iterator: Any, context: Any) -> None:
-        exchange = Exchange(self.picker, max_body_bytes=self.max_body_bytes)
+        exchange = Exchange(
+            self.picker, max_body_bytes=self.max_body_bytes, response_bodies=self.response_bodies
+        )
         loop = asyncio.get_running_loop()
         is_picked = False
         try:
@@ -97,9 +106,15 @@ class EppServer:
     """Everything one ``longroute epp`` process owns."""
 
     def __init__(
-        self, config: GatewayConfig, secrets: GatewaySecrets, *, num_fallbacks: int = 0
+        self,
+        config: GatewayConfig,
+        secrets: GatewaySecrets,
+        *,
+        num_fallbacks: int = 0,
+        response_bodies: ResponseBodies = ResponseBodies.AUTO,
     ) -> None:
         self.picker = EndpointPicker(config, secrets, num_fallbacks=num_fallbacks)
+        self.response_bodies = response_bodies
         self.health_service = HealthServicer()
         self._grpc: Any = None
         self._http: HttpServer | None = None
@@ -127,7 +142,7 @@ class EppServer:
             ]
             server = self._grpc = grpc.aio.server(options=options)
             external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-                ExtProcService(picker), server
+                ExtProcService(picker, self.response_bodies), server
             )
             health_pb2_grpc.add_HealthServicer_to_server(self.health_service, server)
             await self._set_health()
@@ -199,9 +214,12 @@ async def serve_epp(
     port: int = 0,
     metrics_port: int = 0,
     num_fallbacks: int = 0,
+    response_bodies: ResponseBodies = ResponseBodies.AUTO,
 ) -> AsyncIterator[RunningEpp]:
     """Runs a picker for the ``async with`` block (port 0: any free one)."""
-    server = EppServer(config, secrets, num_fallbacks=num_fallbacks)
+    server = EppServer(
+        config, secrets, num_fallbacks=num_fallbacks, response_bodies=response_bodies
+    )
     grpc_address, metrics_url = await server.start(host, port, metrics_port)
     try:
         yield RunningEpp(grpc_address, metrics_url, server)

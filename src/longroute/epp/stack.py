@@ -23,9 +23,14 @@ from longroute.launcher import Child, Launcher, LaunchError, ProcessSpec, emulat
 _GRPC = re.compile(rb"ext_proc on grpc://([^\s]+)")
 
 
-def epp_spec(name: str, config_path: Path, *, port: int = 0) -> ProcessSpec:
+def epp_spec(
+    name: str, config_path: Path, *, port: int = 0, response_bodies: str = "auto"
+) -> ProcessSpec:
     """A ``longroute epp`` process; ready when its ``/ready`` (a backend answered) is 200."""
-    args = ("epp", "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port))
+    args = (
+        *("epp", "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port)),
+        *("--response-bodies", response_bodies),
+    )
     return ProcessSpec(name, (*args, "--metrics-port", "0", "--log-level", "info"), "/ready")
 
 
@@ -78,9 +83,11 @@ def start_epp_stack(
     overrides: Mapping[str, object] | None = None,
     envoy_concurrency: int = 1,
     emulator_args: tuple[str, ...] = (),
+    response_bodies: str = "auto",
 ) -> EppStack:
-    """Emulators, then the picker (fleet config as the demo's gateway, plus ``overrides``),
-    then Envoy; blocks until all are ready. Raises LaunchError or EnvoyError."""
+    """Emulators, then the picker (fleet config as the demo's gateway, plus ``overrides``,
+    ``--response-bodies response_bodies``), then Envoy; blocks until all are ready. Raises
+    LaunchError or EnvoyError."""
     specs = [
         emulator_spec(
             f"epp-{r.name}",
@@ -95,7 +102,8 @@ def start_epp_stack(
     emulators = launcher.start(*specs)
     plan = FleetPlan("epp", replicas, router, speed=speed, gateway_overrides=overrides or {})
     config = gateway_config(plan, [c.base_url for c in emulators])
-    (epp,) = launcher.start(epp_spec("epp", launcher.write_yaml("epp-fleet.yaml", config)))
+    config_path = launcher.write_yaml("epp-fleet.yaml", config)
+    (epp,) = launcher.start(epp_spec("epp", config_path, response_bodies=response_bodies))
     port = grpc_port(epp)
     envoy = EnvoyProcess(
         envoy_binary,
