@@ -48,6 +48,7 @@ from longroute.gateway.backend_errors import (
 )
 from longroute.gateway.backends import Backend
 from longroute.gateway.config import AdmissionConfig
+from longroute.gateway.deadline import Deadline
 from longroute.gateway.errors import (
     GatewayError,
     all_failed_error,
@@ -61,6 +62,7 @@ from longroute.gateway.health import HealthMonitor
 from longroute.gateway.http.server import ResponseStream
 from longroute.gateway.http.types import JSON_TYPE, HttpResponse
 from longroute.gateway.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from longroute.gateway.http.wire import RenderedHeaders
 from longroute.gateway.intake import Job
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.observe import RequestTrace, Tracing
@@ -145,8 +147,8 @@ class Proxy:
         self.engine_truth: EngineTruth | None = None  # set by the gateway (precise_prefix)
         self._keepalive_s = keepalive_s
         self._pools: dict[str, UpstreamPool] = {}
-        self._headers: dict[str, dict[str, str]] = {}
-        self._stream_headers: dict[str, dict[str, str]] = {}
+        self._headers: dict[str, RenderedHeaders] = {}
+        self._stream_headers: dict[str, RenderedHeaders] = {}
         self._urls: dict[str, tuple[object, ...]] = {}
         self._retiring: list[UpstreamPool] = []  # replaced pools, closed once idle
         self.set_backends(wiring.backends.values(), wiring.config.admission.connect_timeout_s)
@@ -172,8 +174,9 @@ class Proxy:
                     default_headers=backend.request_headers,
                 )
                 self._urls[name] = _pool_key(backend, connect_timeout_s)
-            self._headers[name] = _backend_headers(backend)
-            self._stream_headers[name] = {**self._headers[name], "Cache-Control": "no-cache"}
+            headers = _backend_headers(backend)
+            self._headers[name] = RenderedHeaders(headers)
+            self._stream_headers[name] = RenderedHeaders({**headers, "Cache-Control": "no-cache"})
         self._retiring.extend(retiring.values())
         return retired
 
@@ -352,42 +355,54 @@ class Proxy:
     ) -> HttpResponse | _Failure | None:
         request = grant.request
         pool = self._pools[backend.name]
+        # one timer bounds the exchange and the stream's relay: both end at the deadline
+        deadline = Deadline(max(job.seconds_left(), 0.001))
         try:
-            async with asyncio.timeout(max(job.seconds_left(), 0.001)):
-                body = job.body_for(backend)
-                truth = self.engine_truth
-                if truth is not None:  # before dispatch: what its cache will serve
-                    await truth.settle(backend.name)
-                    job.trace.predicted_cached_tokens = truth.predicted_cached_tokens(
-                        backend.name, request
-                    )
-                priorities = self.wiring.priorities
-                if priorities:  # backends that schedule by priority get one
-                    body = priorities.body(body, request, backend.name)
-                lines = self.tracing.attempt(job.trace)
-                response = await pool.request("POST", job.route, body, head_lines=lines)
-                try:
-                    status = response.status
-                    if status >= 500 or status in CREDENTIAL_STATUSES:
-                        return await self._answered_failure(backend, response)
-                    if job.parsed.is_stream and status == 200:
-                        chunk = await response.next_chunk()
-                        if not chunk:
-                            return _Failure(
-                                "backend_empty",
-                                f"backend {backend.name} ended the stream before any byte",
-                                "",
-                                is_sent=True,
-                            )
-                    else:
-                        return await self._relay_whole(job, grant, backend, response, outcome)
-                except BaseException:
-                    response.release()  # an unfinished response closes its connection
-                    raise
-        except BACKEND_ERRORS as exc:
-            return self._backend_failed(job, backend, exc)
+            body = job.body_for(backend)
+            truth = self.engine_truth
+            if truth is not None:  # before dispatch: what its cache will serve
+                await truth.settle(backend.name)
+                job.trace.predicted_cached_tokens = truth.predicted_cached_tokens(
+                    backend.name, request
+                )
+            priorities = self.wiring.priorities
+            if priorities:  # backends that schedule by priority get one
+                body = priorities.body(body, request, backend.name)
+            lines = self.tracing.attempt(job.trace)
+            response = await pool.request("POST", job.route, body, head_lines=lines)
+            try:
+                status = response.status
+                result: HttpResponse | _Failure | None = None  # None: relay the stream
+                if status >= 500 or status in CREDENTIAL_STATUSES:
+                    result = await self._answered_failure(backend, response)
+                elif job.parsed.is_stream and status == 200:
+                    chunk = await response.next_chunk()
+                    if not chunk:
+                        result = _Failure(
+                            "backend_empty",
+                            f"backend {backend.name} ended the stream before any byte",
+                            "",
+                            is_sent=True,
+                        )
+                else:
+                    result = await self._relay_whole(job, grant, backend, response, outcome)
+            except BaseException:
+                response.release()  # an unfinished response closes its connection
+                raise
+        except BaseException as exc:
+            timeout = deadline.exit(exc)
+            if timeout is not None:
+                return self._backend_failed(job, backend, timeout)
+            if isinstance(exc, BACKEND_ERRORS):
+                return self._backend_failed(job, backend, exc)
+            raise
+        if result is not None:
+            deadline.exit(None)
+            return result
         try:
-            await self._relay_stream(stream, job, grant, backend, response, chunk, outcome)
+            await self._relay_stream(
+                stream, job, grant, backend, response, chunk, outcome, deadline
+            )
         finally:
             response.release()
         return None
@@ -447,27 +462,50 @@ class Proxy:
         response: UpstreamResponse,
         chunk: bytes,
         outcome: _Outcome,
+        deadline: Deadline,
     ) -> None:
-        """Bytes reached us: from here on nothing is replayed, whatever happens."""
+        """Bytes reached us: from here on nothing is replayed, whatever happens.
+
+        ``deadline`` (armed by the caller, exited here) bounds both a silent backend and
+        a client that stopped reading. The head goes out with the first chunk, and the
+        terminator with the chunk that ends the backend's answer (one write each)."""
         outcome.has_first_byte = outcome.is_answered = True
         self.admission.first_byte(grant.request, backend.name)
         trace = job.trace
         trace.first_byte_s = now_s = time.monotonic()
         self.metrics.observe_ttft(backend.model, backend.name, now_s - job.started_s)
         headers = _with_prediction(self._stream_headers[backend.name], grant, trace)
-        stream.start(200, headers, response.content_type)
+        redactor = self.wiring.redactor
         last = b""
         num_events = 0
         try:
-            # the deadline bounds both a silent backend and a client that stopped reading
-            async with asyncio.timeout(max(job.seconds_left(), 0.0)):
-                redactor = self.wiring.redactor
-                while chunk:
-                    await stream.write(redactor.body(chunk))
+            try:
+                is_last = response.is_drained
+                stream.start(
+                    200,
+                    headers,
+                    response.content_type,
+                    first=redactor.body(chunk),
+                    is_last=is_last,
+                )
+                while True:
                     num_events += chunk.count(b"data:")
                     trace.prev = last
                     last = chunk
+                    if is_last:
+                        break
+                    await stream.drain()
                     chunk = await response.next_chunk()
+                    if not chunk:
+                        break
+                    is_last = response.is_drained
+                    await stream.write(redactor.body(chunk), is_last=is_last)
+            except BaseException as exc:
+                timeout = deadline.exit(exc)
+                if timeout is not None:
+                    raise timeout from exc
+                raise
+            deadline.exit(None)
             await stream.end()
             self.health.record(backend.name, True)
             outcome.is_ok = True
@@ -510,7 +548,7 @@ def _backend_headers(backend: Backend) -> dict[str, str]:
 
 
 def _with_prediction(
-    headers: dict[str, str], grant: Grant, trace: RequestTrace
+    headers: RenderedHeaders, grant: Grant, trace: RequestTrace
 ) -> Mapping[str, str]:
     """A backend's fixed response headers, plus the router's predicted TTFT (integer ms)
     when it made one for the backend it was sent to, and the cached tokens engine truth
