@@ -217,12 +217,20 @@ class HealthMonitor:
         what failed (kept as the backend's last error)."""
         if name not in self.backends:
             return  # it left the fleet (a reload) while this was in flight
+        breaker = self.breakers[name]
+        if (  # the common case, an answer from a healthy backend: nothing changes
+            is_ok
+            and breaker.num_consecutive_failures == 0
+            and breaker.state is BreakerState.CLOSED
+            and name in self.confirmed
+            and name not in self.last_errors
+        ):
+            return
         if is_ok:
             self.confirmed.add(name)
             self.last_errors.pop(name, None)
         elif detail is not None:
             self.last_errors[name] = detail[:MAX_CAUSE_CHARS]
-        breaker = self.breakers[name]
         if breaker.record(is_ok, self._clock.now_s(), is_probe=is_probe):
             if breaker.is_closed:
                 log.info("backend %s healthy again: circuit closed", name)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -54,16 +55,26 @@ class _Counted:
         self.value += amount
 
 
-class _Family:
+_Child = TypeVar("_Child", _Counted, _Bucketed)
+
+
+class _Family(Generic[_Child]):
     """Children by label values; a label set past MAX_LABEL_SETS shares an overflow child."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self.children: dict[tuple[str, ...], object] = {}
+        self.children: dict[tuple[str, ...], _Child] = {}
 
-    def _child(self, labels: tuple[str, ...]) -> object:
+    def labels(self, *values: str) -> _Child:
+        """The child of one label set: one dict lookup once it exists."""
+        child = self.children.get(values)
+        if child is None:
+            child = self._child(values)
+        return child
+
+    def _child(self, labels: tuple[str, ...]) -> _Child:
         child = self.children.get(labels)
         if child is None:
             if len(self.children) >= MAX_LABEL_SETS:
@@ -73,30 +84,24 @@ class _Family:
                 child = self.children[labels] = self._new()
         return child
 
-    def _new(self) -> object:
+    def _new(self) -> _Child:
         raise NotImplementedError
 
 
-class HotCounter(_Family):
+class HotCounter(_Family[_Counted]):
     """A labelled counter: ``labels(*values).inc(n)`` (the child may be kept and reused)."""
 
     def _new(self) -> _Counted:
         return _Counted()
 
-    def labels(self, *values: str) -> _Counted:
-        child = self._child(values)
-        assert isinstance(child, _Counted)
-        return child
-
     def metric(self) -> Metric:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for labels, child in self.children.items():
-            assert isinstance(child, _Counted)
             family.add_metric(list(labels), child.value)
         return family
 
 
-class HotHistogram(_Family):
+class HotHistogram(_Family[_Bucketed]):
     """A histogram, labelled or not: ``labels(*values).observe(v)``, or ``observe(v)``."""
 
     def __init__(
@@ -115,22 +120,14 @@ class HotHistogram(_Family):
     def _new(self) -> _Bucketed:
         return _Bucketed(self.bounds)
 
-    def labels(self, *values: str) -> _Bucketed:
-        child = self._child(values)
-        assert isinstance(child, _Bucketed)
-        return child
-
     def observe(self, value: float) -> None:
         """An observation of the unlabelled histogram."""
-        child = self._only
-        assert isinstance(child, _Bucketed)
-        child.observe(value)
+        self._only.observe(value)
 
     def metric(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         edges = [repr(float(b)) for b in self.bounds] + ["+Inf"]
         for labels, child in self.children.items():
-            assert isinstance(child, _Bucketed)
             cumulative, buckets = 0, []
             for edge, count in zip(edges, child.counts, strict=True):
                 cumulative += count

@@ -143,8 +143,12 @@ class UpstreamPool:
         is_head = method == "HEAD"
         conn = self._take_idle()
         if conn is not None:
+            waiter = conn.send(data, is_head)
             try:
-                return await _exchange(conn, data, is_head)
+                return await waiter
+            except asyncio.CancelledError:
+                conn.close()
+                raise
             except UpstreamError as error:
                 if error.kind != "disconnect" or not error.is_before_response or self._is_closed:
                     raise

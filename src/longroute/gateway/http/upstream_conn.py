@@ -197,7 +197,8 @@ class UpstreamConnection(asyncio.Protocol):
         if resp._num_buffered_bytes > BUFFER_HIGH_WATER_BYTES and not self.is_paused:
             self.is_paused = True
             self._transport.pause_reading()  # type: ignore[union-attr]
-        resp._wake()
+        if resp._waiter is not None:  # a reader waits (once per read, not per chunk)
+            resp._wake()
 
     def on_message_complete(self) -> None:
         if self._is_informational:
