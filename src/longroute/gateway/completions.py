@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from longroute.gateway.errors import SERVER_ERROR, GatewayError, bad_request, shutdown_error
 from longroute.gateway.http.server import ResponseStream
-from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse
+from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse, lower_items
 from longroute.gateway.intake import Job, authorize
 from longroute.gateway.lifecycle import end_cut_stream
 from longroute.gateway.observe import RequestTrace, valid_traceparent, valid_tracestate
@@ -48,7 +48,7 @@ class CompletionHandler:
     ) -> HttpResponse | None:
         """A whole response, or None when the answer was streamed through ``stream``."""
         gw = self.gateway
-        headers = http_request.headers
+        headers = lower_items(http_request.headers)
         trace = RequestTrace(
             request_id,
             self.route,
@@ -92,7 +92,7 @@ class CompletionHandler:
     ) -> HttpResponse | None:
         gw = self.gateway
         wiring = gw.wiring
-        headers = http_request.headers
+        headers = lower_items(http_request.headers)
         key = authorize(headers, wiring.client_api_keys)
         if key is not None:
             trace.key_id = wiring.client_key_ids[key]
@@ -108,7 +108,7 @@ class CompletionHandler:
         trace.is_model_known = True
         if wiring.context is not None:  # requests with documents: plan and rewrite
             raw, parsed = wiring.context.apply(raw, parsed, route, target)
-        request = wiring.requests.build(parsed, target, headers, route)
+        request = wiring.requests.build(parsed, target, http_request.headers, route)
         trace.prompt_tokens_estimate = request.num_prompt_tokens
         job = Job(
             route, raw, parsed, request, trace,

@@ -37,6 +37,7 @@ from longroute.gateway.backends import Backend
 from longroute.gateway.config import GatewayConfig
 from longroute.gateway.context_reuse import ContextReuse, ModelContext
 from longroute.gateway.errors import GatewayError, bad_request
+from longroute.gateway.http.types import lower_items
 from longroute.gateway.observe import RequestTrace
 from longroute.gateway.parse import MAX_MODEL_CHARS, ROUTE_CHAT, ParsedBody
 from longroute.gateway.priority import ttft_slo
@@ -118,7 +119,7 @@ def authorize(headers: Mapping[str, str], keys: frozenset[str] | None) -> str | 
     bearer token is one of them (returns it)."""
     if keys is None:
         return None
-    scheme, _, key = headers.get("Authorization", "").partition(" ")
+    scheme, _, key = headers.get("authorization", "").partition(" ")
     key = key.strip()
     if scheme.lower() == "bearer" and key in keys:
         return key
@@ -199,6 +200,7 @@ class RequestBuilder:
         headers: Mapping[str, str],
         route: str = ROUTE_CHAT,
     ) -> Request:
+        headers = lower_items(headers)  # looked up by the lower-case names below
         language = None
         exact = None if self.tokenizer is None else self._exact_features(parsed, route)
         if exact is not None:

@@ -153,21 +153,26 @@ def _messages(body: dict[str, Any]) -> list[dict[str, object]]:
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' is required and must be a non-empty array", "messages")
     for i, message in enumerate(messages):
-        where = f"messages[{i}]"
         if not isinstance(message, dict):
+            where = f"messages[{i}]"
             raise bad_request(f"{where} must be an object", where)
         role = message.get("role")
         if not isinstance(role, str) or not 0 < len(role) <= MAX_ROLE_CHARS:
+            where = f"messages[{i}]"
             raise bad_request(
                 f"{where}.role is required: a string of 1 to {MAX_ROLE_CHARS} characters",
                 f"{where}.role",
             )
         content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
+        if type(content) is str or content is None:  # the common case, checked first
+            continue
+        if not isinstance(content, str | list):
+            where = f"messages[{i}]"
             raise bad_request(
                 f"{where}.content must be a string, an array of parts or null", f"{where}.content"
             )
         if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
+            where = f"messages[{i}]"
             raise bad_request(f"{where}.content parts must be objects", f"{where}.content")
     return messages
 
