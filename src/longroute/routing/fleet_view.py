@@ -59,6 +59,7 @@ class FleetView:
             raise ValueError(f"endpoint names must be unique, got {names}")
         self._live = {e.name: _LiveState(e, (rtt_ms or {}).get(e.name, 0.0)) for e in endpoints}
         self._states: dict[str, EndpointState] = {}
+        self._num_unhealthy = 0  # of the endpoints in _live
         self._dirty: set[str] = set(self._live)
         self._index_endpoints(endpoints)
         self.is_prefix_index_enabled = is_prefix_index_enabled
@@ -83,6 +84,19 @@ class FleetView:
         for e in endpoints:
             self._by_model[e.model] = (*self._by_model.get(e.model, ()), e.name)
         self._all_names = tuple(e.name for e in endpoints)
+        # per candidate list, the smallest context limit: a request within it fits them all
+        inf = float("inf")
+        self._fit_limit = {
+            names: min(
+                (
+                    limit
+                    for n in names
+                    if (limit := self._by_name[n].max_model_len_tokens) is not None
+                ),
+                default=inf,
+            )
+            for names in (self._all_names, *self._by_model.values())
+        }
 
     # ---- reads (routers) -------------------------------------------------
     @property
@@ -111,9 +125,16 @@ class FleetView:
         if self._dirty:
             self._refresh()
         states = self._states
-        healthy = [states[n] for n in names if states[n].is_healthy]
-        if not healthy:
-            raise NoCandidateError(f"no healthy endpoint for model {request.model!r}")
+        if self._num_unhealthy:
+            healthy = [states[n] for n in names if states[n].is_healthy]
+            if not healthy:
+                raise NoCandidateError(f"no healthy endpoint for model {request.model!r}")
+        else:
+            healthy = [states[n] for n in names]
+        cap = request.max_output_tokens  # Endpoint.can_fit's test, once for all of them
+        need = request.num_prompt_tokens + (request.num_output_tokens if cap is None else cap)
+        if need <= self._fit_limit[names]:
+            return healthy
         fitting = [s for s in healthy if s.endpoint.can_fit(request)]
         if not fitting:
             total = request.num_prompt_tokens + request.num_output_tokens
@@ -183,7 +204,9 @@ class FleetView:
         """Drops a retired endpoint (its last request finished); O(blocks it held)."""
         if name in self._by_name:
             raise ValueError(f"endpoint {name!r} is in the fleet: only a retired one goes")
-        self._live.pop(name, None)
+        live = self._live.pop(name, None)
+        if live is not None and not live.is_healthy:
+            self._num_unhealthy -= 1
         self._states.pop(name, None)
         self._dirty.discard(name)
         if name in self.prefix_index.endpoint_names:
@@ -234,7 +257,10 @@ class FleetView:
         self._dirty.add(endpoint)
 
     def set_health(self, endpoint: str, is_healthy: bool) -> None:
-        self._live[endpoint].is_healthy = is_healthy
+        live = self._live[endpoint]
+        if live.is_healthy != is_healthy:
+            self._num_unhealthy += -1 if is_healthy else 1
+        live.is_healthy = is_healthy
         self._dirty.add(endpoint)
 
     def set_engine_stats(

@@ -25,7 +25,10 @@ class LeastLoadRouter(BaseRouter):
         super().__init__(rng=rng)
 
     def route(self, request: Request, fleet: FleetView, now_s: float) -> RouteDecision:
-        scores = {s.endpoint.name: float(s.num_queued_tokens) for s in fleet.candidates(request)}
+        scores = {  # EndpointState.num_queued_tokens, inlined (once per endpoint per request)
+            s.endpoint.name: float(s.num_inflight_prompt_tokens + s.num_inflight_output_tokens)
+            for s in fleet.candidates(request)
+        }
         chosen = pick_min(scores)
         return RouteDecision(
             endpoint=chosen,
