@@ -11,6 +11,12 @@ one JSON body), and 32 closed-loop clients against
 * sglang-router 0.3.2 (``--policy cache_aware``), installed in its own venv
   under ``~/.cache/longroute/sglang-router-0.3.2`` on first use.
 
+With ``--baseline-src DIR`` each single-worker longroute target runs a second time from
+the source tree DIR (e.g. ``git worktree add /tmp/base <commit>``, then ``/tmp/base/src``),
+labelled ``base ...``, interleaved with the others, and the ratios of CPU per request and
+throughput to the baseline are printed (``vs_baseline`` in the JSON line): a change's
+effect side by side, on the same machine in the same minutes.
+
 With ``--workers N`` (N > 1) each router also runs as ``longroute serve --workers N``
 (`` xN``: N processes on one port): its CPU per request sums the parent and every
 worker, each worker's share of that CPU is printed, and the JSON line's goals add
@@ -24,7 +30,7 @@ each proxy process spent per request (from /proc, on Linux), and the ratios
 to sglang-router; the last line is one JSON object.
 
     python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
-        [--workers 2 [--workers-only]]
+        [--workers 2 [--workers-only]] [--baseline-src DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ SGLANG_VERSION = "0.3.2"
 CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "longroute"))
 MODEL = "fast-16"
 REPLY_TOKENS = 16
+BASE = "base "  # the label prefix of a target run from --baseline-src
 OBSERVED = " +log"  # the label suffix of a gateway with the access log and usage counters on
 WORKERS = " x"  # the label suffix of a gateway with N workers: " x2"
 
@@ -187,6 +194,9 @@ def main() -> None:
     parser.add_argument(
         "--workers-only", action="store_true", help="only direct, 1 worker and N workers"
     )
+    parser.add_argument(
+        "--baseline-src", type=Path, help="also run each longroute target from this src/ tree"
+    )
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="non-stream", help=argparse.SUPPRESS)
@@ -216,17 +226,26 @@ def _run_all(args: argparse.Namespace) -> None:
         variants = [(0, 1), (1, 1)] if not args.workers_only else [(0, 1)]
         if args.workers > 1:
             variants.append((0, args.workers))
-        for router, (is_observed, workers) in itertools.product(
-            ("round-robin", "prefix-cache"), variants
+        sources: list[Path | None] = [None]
+        if args.baseline_src is not None:
+            sources.append(args.baseline_src.resolve())
+        for router, (is_observed, workers), src in itertools.product(
+            ("round-robin", "prefix-cache"), variants, sources
         ):
+            if src is not None and workers > 1:
+                continue
             port = free_port()
-            label = f"longroute {router}" + (OBSERVED if is_observed else "")
-            label += f"{WORKERS}{workers}" if workers > 1 else ""
-            cfg = tmp / f"gw-{router}-{is_observed}-{workers}.yaml"
-            access_log = tmp / f"access-{router}.jsonl" if is_observed else None
+            label = ("" if src is None else BASE) + f"longroute {router}"
+            label += (OBSERVED if is_observed else "") + (
+                f"{WORKERS}{workers}" if workers > 1 else ""
+            )
+            name = f"{router}-{is_observed}-{workers}" + ("" if src is None else "-base")
+            cfg = tmp / f"gw-{name}.yaml"
+            access_log = tmp / f"access-{name}.jsonl" if is_observed else None
             _gateway_config(cfg, port, backend, router, access_log)
-            log = tmp / f"gw-{router}-{is_observed}-{workers}.log"
-            cmd = [sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
+            log = tmp / f"gw-{name}.log"
+            env = [] if src is None else ["env", f"PYTHONPATH={src}"]
+            cmd = [*env, sys.executable, "-m", "longroute", "serve", "--config", str(cfg),
                    "--log-level", "info", "--workers", str(workers)]  # fmt: skip
             procs.append(start(cmd, log))
             wait_ready(f"http://127.0.0.1:{port}/ready", procs[-1])
@@ -268,10 +287,12 @@ def _run_all(args: argparse.Namespace) -> None:
         for proc in reversed(procs):
             stop(proc)
     _print_ratios(results)
+    versus_base = _print_baseline_ratios(results)
     goals = _goals(results)
     if args.workers > 1:
         goals.update(_worker_goals(results, args.workers))
-    print(json.dumps({**results, "goals": goals}, sort_keys=True))
+    extra = {"vs_baseline": versus_base} if versus_base else {}
+    print(json.dumps({**results, **extra, "goals": goals}, sort_keys=True))
 
 
 def _wait_listening(log: Path, workers: int, proc: subprocess.Popen[bytes]) -> None:
@@ -337,7 +358,7 @@ def _goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[st
     case over routers and modes (streamed or not)."""
     costs, versus = [], []
     for label, res in results.items():
-        if not label.endswith(OBSERVED):
+        if not label.endswith(OBSERVED) or label.startswith(BASE):
             continue
         plain = results[label.removesuffix(OBSERVED)]
         for mode, r in res.items():
@@ -375,6 +396,27 @@ def _print_target(label: str, res: dict[str, dict[str, float]],
         print(f"{label:>27} {mode:>10} {r['req_per_s']:6.0f}/s p50 {r['p50_ms']:5.2f} "
               f"p99 {r['p99_ms']:6.2f} +{added:5.2f} ms err {r['num_errors']:.0f}{cpu}",
               flush=True)  # fmt: skip
+
+
+def _print_baseline_ratios(
+    results: dict[str, dict[str, dict[str, float]]],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Each longroute target against its ``base`` twin: CPU per request and throughput."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for label, res in results.items():
+        base = results.get(BASE + label)
+        if base is None:
+            continue
+        for mode, r in res.items():
+            b = base[mode]
+            ratios = {"req_per_s": r["req_per_s"] / b["req_per_s"]}
+            if "cpu_us_per_req" in r and "cpu_us_per_req" in b:
+                ratios["cpu_us_per_req"] = r["cpu_us_per_req"] / b["cpu_us_per_req"]
+            out.setdefault(label, {})[mode] = ratios
+            cpu = ratios.get("cpu_us_per_req", float("nan"))
+            print(f"{label} {mode} vs baseline: CPU per request {cpu:.3f}x, "
+                  f"throughput {ratios['req_per_s']:.3f}x")  # fmt: skip
+    return out
 
 
 def _print_ratios(results: dict[str, dict[str, dict[str, float]]]) -> None:
