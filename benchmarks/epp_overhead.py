@@ -2,23 +2,30 @@
 
 One run, side by side, each piece in its own process: three backends (the fast
 fixed backend of ``gateway_overhead.py``: every chat request answered at once
-with 16 tokens, streamed as 16 SSE chunks or as one JSON body), and closed-loop
-clients (``gateway_overhead.py``'s load generator, 32 by default) against
+with 16 tokens, streamed as 16 SSE chunks or as one JSON body), and
 
 * ``backend direct``: one backend, no proxy (the floor);
 * ``envoy direct``: Envoy 1.40.0 with a round-robin cluster over the three;
 * ``envoy + epp``: Envoy with ``examples/envoy-epp.yaml``'s config and
-  ``longroute epp`` (prefix-cache router) picking among the three;
+  ``longroute epp`` (prefix-cache router, ``--response-bodies``) picking among
+  the three;
+* ``envoy + epp REF`` (with ``--baseline REF``): the same, with the picker and
+  the Envoy config of commit REF (a temporary git worktree);
 * ``longroute serve``: the gateway (prefix-cache) in front of the three.
 
-Targets are measured in interleaved rounds (``--repeat``, medians), so drift on
-a shared machine hits each alike. It prints req/s, p50/p99 and the p50 added
-over ``envoy direct`` (and over ``backend direct``) per target, streamed and
-not, the CPU time the picker / gateway process spent per request, and the goal:
-the picker adds at most 1 ms p50 over Envoy direct at 32 clients. The last line
-is one JSON object with the figures and the goals.
+Two loads, streamed and not, in interleaved rounds (``--repeat``, medians), so
+drift on a shared machine hits each target alike: closed-loop clients at
+saturation (``--concurrency``, 32 by default; every target), then open-loop
+Poisson arrivals at each of ``--rates`` requests/s (``_open_loop.py``; Envoy
+direct and the pickers), the rates fleets see. It prints req/s, p50/p99, the p50
+and p99 added over ``envoy direct`` and the CPU time the picker / gateway
+process spent per request, and the issue 36 goals for the picker: at most
+0.5 ms of CPU per request at saturation, at most 2 ms p50 added over Envoy
+direct at 100 requests/s, at least 0.5x Envoy direct's throughput at
+saturation. The last line is one JSON object with the figures and the goals.
 
-    python benchmarks/epp_overhead.py [--seconds 4] [--repeat 3] [--concurrency 32]
+    python benchmarks/epp_overhead.py [--seconds 4] [--repeat 3] [--rates 10,100,200]
+        [--response-bodies auto] [--baseline REF]
 
 Envoy comes from ``longroute epp --install-envoy`` (run first if it is missing).
 """
@@ -26,19 +33,29 @@ Envoy comes from ``longroute epp --install-envoy`` (run first if it is missing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from _harness import free_port, measure, median_runs, start, stop, wait_ready
+import _harness as h
 from longroute.epp.envoy import EnvoyProcess, direct_config, epp_config
 from longroute.epp.envoy_binary import EnvoyNotFoundError, find_envoy
 
-GOAL_ADDED_P50_MS = 1.0
+GOAL_CPU_US = 500.0  # picker CPU per request at saturation
+GOAL_RATE = 100  # requests/s of the latency goal
+GOAL_ADDED_P50_MS = 2.0  # at GOAL_RATE
+GOAL_THROUGHPUT = 0.5  # x Envoy direct's, at saturation
 MODEL = "fast-16"  # what gateway_overhead.py's load generator asks for
-OVERHEAD_SCRIPT = Path(__file__).resolve().parent / "gateway_overhead.py"
+HERE = Path(__file__).resolve().parent
+OVERHEAD_SCRIPT, OPEN_LOOP = HERE / "gateway_overhead.py", HERE / "_open_loop.py"
+EPP, DIRECT = "envoy + epp", "envoy direct"
 Figures = dict[str, dict[str, float]]
 
 
@@ -60,106 +77,209 @@ def _fleet(ports: list[int], listen_port: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _worktree(ref: str) -> Iterator[Path]:
+    """``ref`` checked out (detached) in a temporary worktree; yields its ``src``."""
+    tmp = Path(tempfile.mkdtemp(prefix="lr-epp-base-"))
+    root = HERE.parent
+    made = subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q",
+                           str(tmp / "tree"), ref], capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(f"--baseline {ref}: git worktree add failed: {made.stderr.strip()}")
+    try:
+        yield tmp / "tree" / "src"
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force",
+                        str(tmp / "tree")], capture_output=True)  # fmt: skip
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _start_picker(
+    tmp: Path, ports: list[int], name: str, args: list[str], source: Path | None
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """A ``longroute epp`` (of ``source``, else this checkout) and the Envoy config of the
+    same source pointed at it."""
+    env = {**os.environ, "PYTHONPATH": str(source)} if source else None
+    epp_port, metrics_port = h.free_port(), h.free_port()
+    (tmp / f"{name}.json").write_text(json.dumps(_fleet(ports, 0)))
+    cmd = [sys.executable, "-m", "longroute", "epp", "--config", str(tmp / f"{name}.json"),
+           "--port", str(epp_port), "--metrics-port", str(metrics_port),
+           "--log-level", "warning", *args]  # fmt: skip
+    with (tmp / f"{name}.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip
+    h.wait_ready(f"http://127.0.0.1:{metrics_port}/ready", proc, tmp / f"{name}.log")
+    if source is None:
+        return proc, epp_config(port=0, admin_port=0, epp_port=epp_port)
+    code = (
+        "import json; from longroute.epp.envoy import epp_config; "
+        f"print(json.dumps(epp_config(port=0, admin_port=0, epp_port={epp_port})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return proc, json.loads(out.stdout)
+
+
+def _open_loop(url: str, rate: float, seconds: float, pid: int | None) -> Figures:
+    """``_open_loop.py`` at ``rate``, streamed and not; ``cpu_us_per_req`` of ``pid``."""
+    out = {}
+    for mode in h.MODES:
+        cmd = [sys.executable, str(OPEN_LOOP), url, "--rate", str(rate),
+               "--seconds", str(seconds), "--mode", mode]  # fmt: skip
+        cpu_before_s = h.process_tree_cpu_s(pid) if pid is not None else None
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+        if cpu_before_s is not None and pid is not None and out[mode]["num_requests"]:
+            cpu_s = (h.process_tree_cpu_s(pid) or 0.0) - cpu_before_s
+            out[mode]["cpu_us_per_req"] = 1e6 * cpu_s / out[mode]["num_requests"]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="load per target and mode")
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop clients")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
+    parser.add_argument("--rates", default="10,100,200", help="open-loop requests/s ('' none)")
+    parser.add_argument("--response-bodies", default="auto", help="the picker's option")
+    parser.add_argument("--baseline", metavar="REF", help="also the picker of commit REF")
     args = parser.parse_args()
-    if args.seconds <= 0 or args.concurrency < 1 or args.repeat < 1:
-        parser.error("--seconds must be > 0, --concurrency and --repeat >= 1")
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    if args.seconds <= 0 or args.concurrency < 1 or args.repeat < 1 or min(rates, default=1) <= 0:
+        parser.error("--seconds and --rates must be > 0, --concurrency and --repeat >= 1")
     try:
         binary = find_envoy()
     except EnvoyNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(_worktree(args.baseline)) if args.baseline else None
+        closed, opened = _run(args, rates, binary, base)
+    return _report(closed, opened, args)
+
+
+def _run(
+    args: argparse.Namespace, rates: list[float], binary: Path, base: Path | None
+) -> tuple[dict[str, Figures], dict[float, dict[str, Figures]]]:
     tmp = Path(tempfile.mkdtemp(prefix="lr-epp-bench-"))
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
     envoys: list[EnvoyProcess] = []
     try:
-        ports = [free_port() for _ in range(3)]
+        ports = [h.free_port() for _ in range(3)]
         for i, port in enumerate(ports):
-            procs.append(start([sys.executable, str(OVERHEAD_SCRIPT), "--serve-backend",
+            procs.append(h.start([sys.executable, str(OVERHEAD_SCRIPT), "--serve-backend",
                                 str(port)], tmp / f"backend-{i}.log"))  # fmt: skip
-            wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
-        print(
-            f"3 fast backends up; starting Envoy {binary}, longroute epp and serve...", flush=True
-        )
+            h.wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
+        print(f"3 fast backends up; starting Envoy {binary}, pickers and serve...", flush=True)
         targets: dict[str, str] = {"backend direct": f"http://127.0.0.1:{ports[0]}"}
-        pids: dict[str, int | None] = {"backend direct": None}
-        direct = EnvoyProcess(binary, direct_config([("127.0.0.1", p) for p in ports], port=0,
-                              admin_port=0), tmp, name="envoy-direct",
-                              concurrency=args.envoy_concurrency)  # fmt: skip
+        pids: dict[str, int | None] = {"backend direct": None, DIRECT: None}
+        backends = [("127.0.0.1", p) for p in ports]
+        direct = EnvoyProcess(binary, direct_config(backends, port=0, admin_port=0), tmp,
+                              name="envoy-direct", concurrency=args.envoy_concurrency)  # fmt: skip
         envoys.append(direct.start())
-        targets["envoy direct"], pids["envoy direct"] = direct.url, None
-        epp_port, epp_metrics = free_port(), free_port()
-        (tmp / "fleet.json").write_text(json.dumps(_fleet(ports, 0)))
-        epp_args = ["--port", str(epp_port), "--metrics-port", str(epp_metrics)]
-        procs.append(start([sys.executable, "-m", "longroute", "epp", "--config",
-                            str(tmp / "fleet.json"), *epp_args, "--log-level", "warning"],
-                           tmp / "epp.log"))  # fmt: skip
-        wait_ready(f"http://127.0.0.1:{epp_metrics}/ready", procs[-1], tmp / "epp.log")
-        epp_pid = procs[-1].pid
-        envoy = EnvoyProcess(binary, epp_config(port=0, admin_port=0, epp_port=epp_port), tmp,
-                             name="envoy-epp", concurrency=args.envoy_concurrency)  # fmt: skip
-        envoys.append(envoy.start())
-        targets["envoy + epp"], pids["envoy + epp"] = envoy.url, epp_pid
-        serve_port = free_port()
+        targets[DIRECT] = direct.url
+        pickers = [(EPP, ["--response-bodies", args.response_bodies], None)]
+        if base is not None:
+            pickers.append((f"{EPP} {args.baseline}", [], base))
+        for i, (label, picker_args, source) in enumerate(pickers):
+            proc, config = _start_picker(tmp, ports, f"epp-{i}", picker_args, source)
+            procs.append(proc)
+            envoy = EnvoyProcess(binary, config, tmp, name=f"envoy-epp-{i}",
+                                 concurrency=args.envoy_concurrency)  # fmt: skip
+            envoys.append(envoy.start())
+            targets[label], pids[label] = envoy.url, proc.pid
+        serve_port = h.free_port()
         (tmp / "serve.json").write_text(json.dumps(_fleet(ports, serve_port)))
-        procs.append(start([sys.executable, "-m", "longroute", "serve", "--config",
+        procs.append(h.start([sys.executable, "-m", "longroute", "serve", "--config",
                             str(tmp / "serve.json"), "--log-level", "warning"],
                            tmp / "serve.log"))  # fmt: skip
-        wait_ready(f"http://127.0.0.1:{serve_port}/ready", procs[-1], tmp / "serve.log")
+        h.wait_ready(f"http://127.0.0.1:{serve_port}/ready", procs[-1], tmp / "serve.log")
         targets["longroute serve"] = f"http://127.0.0.1:{serve_port}"
         pids["longroute serve"] = procs[-1].pid
         runs: dict[str, list[Figures]] = {label: [] for label in targets}
+        rate_labels = [DIRECT, *(label for label, _, _ in pickers)]
+        rate_runs = {r: {label: [] for label in rate_labels} for r in rates}
         for round_index in range(args.repeat):
-            for label, base in targets.items():
+            for label, base_url in targets.items():
                 print(f"round {round_index + 1}/{args.repeat}: {label}...", flush=True)
-                url = f"{base}/v1/chat/completions"
-                runs[label].append(measure(url, args.seconds, args.concurrency, pids[label]))
-        results = {label: median_runs(r) for label, r in runs.items()}
+                url = f"{base_url}/v1/chat/completions"
+                runs[label].append(h.measure(url, args.seconds, args.concurrency, pids[label]))
+            for rate in rates:
+                for label in rate_labels:
+                    print(f"round {round_index + 1}/{args.repeat}: {label} at {rate:g}/s...",
+                          flush=True)  # fmt: skip
+                    url = f"{targets[label]}/v1/chat/completions"
+                    figures = _open_loop(url, rate, args.seconds, pids[label])
+                    rate_runs[rate][label].append(figures)
+        closed = {label: h.median_runs(r) for label, r in runs.items()}
+        opened = {r: {lb: h.median_runs(x) for lb, x in by.items()} for r, by in rate_runs.items()}
+        return closed, opened
     finally:
         for envoy_process in envoys:
             envoy_process.stop()
         for proc in reversed(procs):
-            stop(proc)
-    return _report(results, args.concurrency)
+            h.stop(proc)
 
 
-def _report(results: dict[str, Figures], concurrency: int) -> int:
-    floor, envoy = results["backend direct"], results["envoy direct"]
-    print(f"\n{concurrency} closed-loop clients; medians of interleaved rounds")
-    for label, figures in results.items():
+def _line(label: str, mode: str, r: dict[str, float]) -> str:
+    cpu = f"  cpu {r['cpu_us_per_req']:5.0f} us/req" if "cpu_us_per_req" in r else ""
+    return (
+        f"{label:>24} {mode:>10}: {r['req_per_s']:6.0f}/s  p50 {r['p50_ms']:6.2f}  p99 "
+        f"{r['p99_ms']:6.2f}  +p50 {r['added_p50_ms_over_envoy']:+6.2f}  +p99 "
+        f"{r['added_p99_ms_over_envoy']:+6.2f}  err {r['num_errors']:.0f}{cpu}"
+    )
+
+
+def _added(results: dict[str, Figures]) -> None:
+    envoy = results[DIRECT]
+    for figures in results.values():
         for mode, r in figures.items():
             r["added_p50_ms_over_envoy"] = r["p50_ms"] - envoy[mode]["p50_ms"]
             r["added_p99_ms_over_envoy"] = r["p99_ms"] - envoy[mode]["p99_ms"]
-            r["added_p50_ms_over_backend"] = r["p50_ms"] - floor[mode]["p50_ms"]
-            cpu = f"  cpu {r['cpu_us_per_req']:5.0f} us/req" if "cpu_us_per_req" in r else ""
-            print(
-                f"{label:>16} {mode:>10}: {r['req_per_s']:7.0f} req/s  p50 {r['p50_ms']:6.2f} ms"
-                f"  p99 {r['p99_ms']:6.2f} ms  +p50 vs envoy {r['added_p50_ms_over_envoy']:+6.2f}"
-                f" ms  +p99 {r['added_p99_ms_over_envoy']:+6.2f} ms  errors "
-                f"{r['num_errors']:.0f}{cpu}"
-            )
-    goals = {}
-    for mode in ("non-stream", "stream"):
-        added = results["envoy + epp"][mode]["added_p50_ms_over_envoy"]
-        ratio = results["envoy + epp"][mode]["req_per_s"] / envoy[mode]["req_per_s"]
-        met = added <= GOAL_ADDED_P50_MS
-        goals[f"epp_added_p50_ms_{mode}"] = {
-            "target": f"<= {GOAL_ADDED_P50_MS} at {concurrency} clients",
-            "value": round(added, 3),
-            "met": met,
-        }
-        print(
-            f"goal ({mode}): the picker adds {added:.2f} ms p50 over Envoy direct "
-            f"(<= {GOAL_ADDED_P50_MS} ms): {'met' if met else 'NOT met'}; "
-            f"throughput {ratio:.2f}x Envoy direct's"
-        )
-    print(json.dumps({"benchmark": "epp_overhead", "concurrency": concurrency,
-                      "figures": results, "goals": goals}, sort_keys=True))  # fmt: skip
+
+
+def _report(
+    closed: dict[str, Figures], opened: dict[float, dict[str, Figures]], args: argparse.Namespace
+) -> int:
+    print(f"\n{args.concurrency} closed-loop clients; medians of interleaved rounds (ms)")
+    _added(closed)
+    for label, figures in closed.items():
+        for mode, r in figures.items():
+            print(_line(label, mode, r))
+    for rate, results in opened.items():
+        print(f"\nopen loop at {rate:g} requests/s (Poisson arrivals)")
+        _added(results)
+        for label, figures in results.items():
+            for mode, r in figures.items():
+                print(_line(label, mode, r))
+    goals: dict[str, dict[str, object]] = {}
+    for mode in h.MODES:
+        epp, envoy = closed[EPP][mode], closed[DIRECT][mode]
+        entries = [
+            (f"epp_cpu_us_per_req_{mode}", epp["cpu_us_per_req"], f"<= {GOAL_CPU_US:g} at "
+             f"{args.concurrency} clients", epp["cpu_us_per_req"] <= GOAL_CPU_US),
+            (f"epp_throughput_vs_envoy_{mode}", epp["req_per_s"] / envoy["req_per_s"],
+             f">= {GOAL_THROUGHPUT}x at {args.concurrency} clients",
+             epp["req_per_s"] / envoy["req_per_s"] >= GOAL_THROUGHPUT),
+        ]  # fmt: skip
+        if float(GOAL_RATE) in opened:
+            added = opened[float(GOAL_RATE)][EPP][mode]["added_p50_ms_over_envoy"]
+            entries.append((f"epp_added_p50_ms_at_{GOAL_RATE}_per_s_{mode}", added,
+                            f"<= {GOAL_ADDED_P50_MS:g}", added <= GOAL_ADDED_P50_MS))  # fmt: skip
+        for name, value, target, met in entries:
+            goals[name] = {"target": target, "value": round(value, 3), "met": met}
+            print(f"goal {name}: {value:.3g} ({target}): {'met' if met else 'NOT met'}")
+    base = f"{EPP} {args.baseline}" if args.baseline else None
+    if base is not None:
+        for mode in h.MODES:
+            ratio = closed[EPP][mode]["cpu_us_per_req"] / closed[base][mode]["cpu_us_per_req"]
+            print(f"picker CPU per request ({mode}, saturation): {ratio:.2f}x {args.baseline}'s")
+    rates = {f"{rate:g}": results for rate, results in opened.items()}
+    summary = {"benchmark": "epp_overhead", "concurrency": args.concurrency,
+               "response_bodies": args.response_bodies, "baseline": args.baseline,
+               "figures": closed, "rates": rates, "goals": goals}  # fmt: skip
+    print(json.dumps(summary, sort_keys=True))
     return 0
 
 
