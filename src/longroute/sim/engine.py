@@ -171,7 +171,11 @@ class EngineModel:
         self.queue.push(seq, now_s)
         if not self._is_busy:
             self._step(now_s)
-        elif self._stretch is not None and self.num_running < self.max_num_seqs:
+        elif (
+            self._stretch is not None
+            and len(self.prefilling) + len(self.decoding.members) + len(self.draining)
+            < self.max_num_seqs
+        ):
             self._cut_stretch(now_s)
 
     def abort(self, seq: Sequence, now_s: float) -> bool:
@@ -202,7 +206,7 @@ class EngineModel:
 
     @property
     def num_running(self) -> int:
-        return len(self.prefilling) + len(self.decoding) + len(self.draining)
+        return len(self.prefilling) + len(self.decoding.members) + len(self.draining)
 
     def stats(self) -> tuple[int, int, float]:
         """(waiting, running, KV usage in [0, 1]) as an engine's /metrics would show."""
@@ -229,11 +233,13 @@ class EngineModel:
 
     def _schedule_running(self) -> tuple[list[tuple[Sequence, int]], bool]:
         is_preempted = False
-        while self.decoding and not self.decoding.grow(self.decoding.step + 1):
+        decoding = self.decoding
+        members = decoding.members  # (its truth value, not DecodeGroup.__len__: hot path)
+        while members and not decoding.grow(decoding.step + 1):
             self._preempt_newest()
             is_preempted = True
-        if self.decoding:
-            self.packer.grant_decodes(len(self.decoding), self.decoding.context_tokens)
+        if members:
+            self.packer.grant_decodes(len(members), decoding.context_tokens)
         plan: list[tuple[Sequence, int]] = []
         grant = self.packer.grant
         prefilling = self.prefilling
@@ -282,8 +288,12 @@ class EngineModel:
         else:
             plan, is_preempted = self._schedule_running()
         queue = self.queue
+        num_decodes = len(self.decoding.members)
         if not is_preempted and not self._is_preemptive:
-            while self.num_running < self.max_num_seqs:
+            prefilling = self.prefilling
+            # seats: no sequence leaves decoding or draining while admitting
+            seats = self.max_num_seqs - num_decodes - len(self.draining)
+            while len(prefilling) < seats:
                 head = queue.peek(now_s)
                 if head is None:
                     break
@@ -291,9 +301,8 @@ class EngineModel:
                 if n == 0:
                     break
                 queue.pop(now_s)
-                self.prefilling.append(head)
+                prefilling.append(head)
                 plan.append((head, n))
-        num_decodes = len(self.decoding)
         if not plan and not num_decodes:
             self._is_busy = False
             if self.draining:  # wake when the first of them may decode
@@ -333,7 +342,7 @@ class EngineModel:
 
     # ---- decode stretches ---------------------------------------------
     def _try_stretch(self, now_s: float) -> bool:
-        batch = len(self.decoding)
+        batch = len(self.decoding.members)
         num_steps = self.decoding.steps_to_next_finish()
         # each later step needs at most one new KV block per sequence per kvb steps
         kvb = self.kv.kv_block_tokens
