@@ -22,10 +22,9 @@ understood, told apart by the ``protocol_config`` of the first message:
 - response body chunks (when asked for): passed on unchanged, the first is the
   backend's first token, the last (or the trailers) the end of the answer.
 
-**FULL_DUPLEX_STREAMED** (earlier configs): nothing is answered to the request
-headers until the body's end; the body comes in chunks and is sent back in
-chunks of at most 62,000 bytes after the destination; every response body chunk
-is sent back too (mode overrides are not allowed in this mode).
+**FULL_DUPLEX_STREAMED** (earlier configs): the request headers are answered at
+the body's end, with the destination, then the body in chunks of at most 62,000
+bytes; every response body chunk is read and sent back.
 
 :meth:`Exchange.close` is called when the stream ends however it ends; an
 exchange that picked and did not see its response end (the client hung up, the
@@ -42,6 +41,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from longroute.epp import messages
+from longroute.epp.messages import ResponseBodies as ResponseBodies
 from longroute.epp.picker import Pick
 from longroute.gateway.app import check_content_type
 from longroute.gateway.errors import GatewayError, bad_request
@@ -83,23 +83,6 @@ class Phase(Enum):
     #: the response body passes without the picker; the stream's end ends the request
     AWAITING_END = "awaiting_end"
     DONE = "done"
-
-
-class ResponseBodies(Enum):
-    """Which response bodies the picker reads (BUFFERED configs; every one otherwise).
-
-    A body read gives the first token's time (the router's ``on_first_token``, the
-    prompt no longer owed, the TTFT histogram), the ``usage`` at its end (the cached
-    prompt tokens counter, the observed answer length) and the answer's true end;
-    every chunk costs a message each way. Not read: a non-streamed answer's first
-    token is taken at its headers (they come with the body), a streamed one has none,
-    usage is not counted, and the request ends when Envoy ends the stream."""
-
-    ALL = "all"  #: every answer with a status below 400
-    #: streamed (SSE) answers, where the first token comes long after the headers; every
-    #: answer when the router reads observed lengths (``needs_observed_length``)
-    AUTO = "auto"
-    NONE = "none"  #: no answer
 
 
 Responses = list[Any]  # ProcessingResponse messages (generated classes are untyped)

@@ -9,6 +9,7 @@ picker sets is built here, so the protocol's constants live in one place.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from functools import lru_cache
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
@@ -55,6 +56,23 @@ def _mode(response_body_mode: int) -> ProcessingMode:
         request_trailer_mode=ProcessingMode.SKIP,
         response_trailer_mode=ProcessingMode.SEND if is_read else ProcessingMode.SKIP,
     )
+
+
+class ResponseBodies(Enum):
+    """Which response bodies the picker reads (BUFFERED configs; every one otherwise).
+
+    A body read gives the first token's time (the router's ``on_first_token``, the
+    prompt no longer owed, the TTFT histogram), the ``usage`` at its end (the cached
+    prompt tokens counter, the observed answer length) and the answer's true end;
+    every chunk costs a message each way. Not read: a non-streamed answer's first
+    token is taken at its headers (they come with the body), a streamed one has none,
+    usage is not counted, and the request ends when Envoy ends the stream."""
+
+    ALL = "all"  #: every answer with a status below 400
+    #: streamed (SSE) answers, where the first token comes long after the headers; every
+    #: answer when the router reads observed lengths (``needs_observed_length``)
+    AUTO = "auto"
+    NONE = "none"  #: no answer
 
 
 #: mode_override for a response whose body the picker reads (each chunk, as it passes).
