@@ -11,6 +11,7 @@ then a killed picker) come last, in file order.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import urllib.request
@@ -146,6 +147,17 @@ def test_messages_per_request_and_the_accounting_at_the_streams_end(stack: EppSt
         received = after["stream_msgs_received"] - before["stream_msgs_received"]
         # headers, the whole body, the response headers; a streamed answer's chunks too
         assert sent == received and (sent == 3 if not stream else 3 < sent <= max_messages)
+
+
+def test_a_body_the_picker_rewrites_reaches_the_engine(stack: EppStack) -> None:
+    # the client's priority field is dropped: the answer to the BUFFERED body replaces it,
+    # with its content-length (Envoy refuses a mismatch)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    status, raw = _post(
+        stack.url + "/v1/chat/completions", json.dumps({**body, "priority": 3}).encode()
+    )
+    assert status == 200, raw[:300]
+    assert json.loads(raw)["choices"][0]["message"]["content"]
 
 
 def test_completions_route_through_envoy(stack: EppStack) -> None:
