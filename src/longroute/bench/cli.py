@@ -1,7 +1,7 @@
 """``longroute bench``: load any OpenAI-compatible endpoint, or compare two.
 
-``bench_command`` is a typer command function; ``longroute.cli`` registers it
-(``app.command("bench")(bench_command)``). Heavy imports (aiohttp, numpy,
+``bench_command`` is a typer command function, registered by name in
+``longroute.cli_verbs.VERBS`` and imported only when the verb runs. Heavy imports (aiohttp, numpy,
 matplotlib) happen only when the command runs, so registering it costs nothing.
 Every user error (bad option, unknown workload, unreachable target) exits 2
 with one ``error:`` line on stderr and no traceback.
