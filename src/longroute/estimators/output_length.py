@@ -54,11 +54,11 @@ class _Window:
         self._sorted: list[int] = []
 
     def add(self, value: int) -> None:
-        self._arrivals.append(value)
-        bisect.insort(self._sorted, value)
-        if len(self._arrivals) > self.size:
-            oldest = self._arrivals.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, oldest)]
+        arrivals, values = self._arrivals, self._sorted
+        arrivals.append(value)
+        bisect.insort(values, value)
+        if len(arrivals) > self.size:
+            del values[bisect.bisect_left(values, arrivals.popleft())]
 
     def __len__(self) -> int:
         return len(self._sorted)
@@ -122,10 +122,17 @@ class OutputLengthEstimator:
         return max(1, value)
 
     def _quantile(self, model: str | None, task: str | None) -> int:
-        for window in (self._by_key.get((model, task)), self._by_model.get(model), self._pooled):
-            if window is not None and len(window) >= self.min_samples:
-                return window.quantile(self.quantile)
-        return self.prior_tokens
+        # the most specific pool with min_samples: (model, task), model, all (once per
+        # request in a simulation, so without a tuple of the three or _Window.__len__)
+        min_samples = self.min_samples
+        window = self._by_key.get((model, task))
+        if window is None or len(window._sorted) < min_samples:
+            window = self._by_model.get(model)
+            if window is None or len(window._sorted) < min_samples:
+                window = self._pooled
+                if len(window._sorted) < min_samples:
+                    return self.prior_tokens
+        return window.quantile(self.quantile)
 
     @property
     def num_keys(self) -> int:

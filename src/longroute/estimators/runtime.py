@@ -206,11 +206,15 @@ class RuntimePredictor:
         ``num_decodes`` per step. O(1): the linear part is the same at every step, and
         attention is the max of two lines in the step index, so its sum is two
         arithmetic series split at their crossover."""
-        _check_stretch(num_decodes, context_tokens_start, num_steps)
+        if not (num_decodes >= 1 and context_tokens_start >= 0 and num_steps >= 0):
+            _check_stretch(num_decodes, context_tokens_start, num_steps)  # raises
         b, c0 = num_decodes, context_tokens_start
         a_c, b_c = c0 * self._attention_s_per_pair, b * self._attention_s_per_pair
         a_m, b_m = (c0 + b) * self._kv_s_per_token, b * self._kv_s_per_token
-        per_step_s = self._fixed_s + b * self._comm_s_per_token + self._linear_s(b)
+        linear_s = self._linear_cache.get(b)  # _linear_s, inlined: the simulator's hot path
+        if linear_s is None:
+            linear_s = self._linear_s(b)
+        per_step_s = self._fixed_s + b * self._comm_s_per_token + linear_s
         return num_steps * per_step_s + _sum_of_max(a_c, b_c, a_m, b_m, num_steps)
 
     def decode_steps_within(
