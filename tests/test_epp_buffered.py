@@ -115,6 +115,21 @@ def test_a_body_over_the_limit_is_refused_and_a_bodiless_post_routed_at_its_head
     assert out[0].immediate_response.status.code == 400
 
 
+def test_envoys_own_413_for_a_body_over_its_buffer_passes_and_counts(
+    picker: EndpointPicker,
+) -> None:
+    """Envoy refuses a body over ``per_connection_buffer_limit_bytes`` itself: the picker sees
+    the response headers of that answer instead of the body, and lets it pass."""
+    ex = Exchange(picker, max_body_bytes=MAX_BODY_BYTES)
+    assert ex.on_message(buffered_headers()) == [messages.CONTINUE_REQUEST_HEADERS]
+    (answer,) = ex.on_message(response_headers(413, "text/plain"))
+    assert kinds([answer]) == ["response_headers"]
+    assert override(answer) == ProcessingMode.NONE and ex.is_done
+    assert counter(picker, "longroute_errors_total", kind="body_too_large") == 1
+    ex.close()
+    assert inflight(picker) == dict.fromkeys(ADDRESSES, 0)
+
+
 def test_auto_passes_a_non_streamed_answer_and_finishes_it_at_the_streams_end(
     picker: EndpointPicker,
 ) -> None:

@@ -188,6 +188,11 @@ def test_invalid_requests_are_refused_by_the_picker(stack: EppStack) -> None:
         _client(stack).chat.completions.create(
             model="no-such-model", messages=[{"role": "user", "content": "hi"}]
         )
+    # over gRPC's default 4 MiB message: still the picker's own 413, not a broken stream's 503
+    status, answer = _post(url, big + b"x" * (5 << 20) + b'"}]}')
+    assert status == 413 and b"request_too_large" in answer
+    # over Envoy's 8 MiB buffer: Envoy's own 413 passes the picker (not a 503)
+    assert _post(url, big + b"x" * (9 << 20) + b'"}]}')[0] == 413
     # the picker still routes afterwards
     assert _chat(stack, "still there?")[0] == 200
 

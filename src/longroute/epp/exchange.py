@@ -149,6 +149,8 @@ class Exchange:
             self._expect(Phase.REQUEST_BODY, kind)
             return [*self._route_request(is_end=False), messages.request_trailers_response()]
         if kind == "response_headers":
+            if self.phase is Phase.REQUEST_BODY and self._is_buffered:
+                return self._on_local_reply(message.response_headers)
             self._expect(Phase.AWAITING_RESPONSE, kind)
             return self._on_response_headers(message)
         if kind == "response_body":
@@ -203,9 +205,10 @@ class Exchange:
 
     def _on_request_body(self, message: Any) -> Responses:
         if self._is_buffered:  # the whole body in one message: no copy to gather it
-            if len(message.body) > self._max_body_bytes:
+            raw = message.body  # each read of a bytes field is a copy: read it once
+            if len(raw) > self._max_body_bytes:
                 return self._reject(self._too_large())
-            return self._route_request(is_end=True, raw=message.body)
+            return self._route_request(is_end=True, raw=raw)
         body = self._body
         body += message.body
         if len(body) > self._max_body_bytes:
@@ -284,6 +287,19 @@ class Exchange:
             self.phase = Phase.AWAITING_END
         shared = messages.shared_response_headers_response
         return [shared(ENDPOINT_HEADER, self.served_by, observe)]
+
+    def _on_local_reply(self, message: Any) -> Responses:
+        """Envoy answered the client itself before the body came (a body over its buffer
+        limit: 413); its answer passes, counted as refused, and its body is not read."""
+        try:
+            status = messages.read_headers(message.headers, self._max_header_bytes)[":status"]
+        except (messages.HeaderTooLargeError, KeyError):
+            status = ""
+        code = int(status) if status.isdigit() and len(status) == 3 else 502
+        kind = "body_too_large" if code == 413 else "envoy_local_reply"
+        self._picker.count_rejected(self._route, code, kind)
+        self.phase = Phase.DONE
+        return [messages.shared_response_headers_response(ENDPOINT_HEADER, None, False)]
 
     def _reads_body(self, is_sse: bool) -> bool:
         policy = self._observe

@@ -29,6 +29,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from longroute.epp.envoy import DEFAULT_MAX_BODY_BYTES
 from longroute.epp.exchange import Exchange, Phase, ProtocolError, ResponseBodies
 from longroute.epp.picker import EndpointPicker
 from longroute.gateway.config import GatewayConfig, GatewaySecrets
@@ -41,8 +42,17 @@ LIVENESS = "liveness"
 READINESS = "readiness"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_REFRESH_S = 1.0
-#: Largest gRPC message accepted: Envoy sends body chunks as they arrive (64 KiB or less).
-MAX_GRPC_MESSAGE_BYTES = 4 * 1024 * 1024
+#: gRPC messages carry more than a body: headers, metadata, the protobuf framing.
+GRPC_MESSAGE_HEADROOM_BYTES = 1024 * 1024
+
+
+def max_grpc_message_bytes(max_body_bytes: int) -> int:
+    """The largest gRPC message each way. A BUFFERED request body comes in one message, as
+    large as Envoy's buffer limit (``epp_config``'s 8 MiB, or ``admission.max_body_bytes``
+    where a deployment raised both), whatever the picker's own limit: it must arrive to be
+    refused with the picker's 413 (gRPC's default of 4 MiB broke the stream: Envoy
+    answered 503). A rewritten body goes back in one message too."""
+    return max(DEFAULT_MAX_BODY_BYTES, max_body_bytes) + GRPC_MESSAGE_HEADROOM_BYTES
 
 
 class ExtProcService(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -136,9 +146,10 @@ class EppServer:
             if truth is not None:  # a socket that cannot bind fails the start, naming it
                 await truth.set_backends(picker.backends)
                 self._tasks.append(asyncio.create_task(truth.run()))
+            max_message = max_grpc_message_bytes(picker.config.admission.max_body_bytes)
             options = [
-                ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", max_message),
+                ("grpc.max_send_message_length", max_message),
             ]
             server = self._grpc = grpc.aio.server(options=options)
             external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
