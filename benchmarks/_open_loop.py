@@ -7,7 +7,12 @@ Poisson stream of requests (seeded: both targets get the same arrival times)
 and times each from its scheduled arrival (a target that falls behind is
 charged for the wait, no coordinated omission).
 
-    python benchmarks/_open_loop.py URL --rate 100 --seconds 4 --mode stream
+``--prompt-bytes N`` sends a prompt of about N bytes instead of a short one
+(issue 36's large prompts): ASCII words, preceded by the request's number, so
+that no two prompts share a prefix block and every request costs a prefix
+index its whole prompt (the worst case for the picker and the gateway).
+
+    python benchmarks/_open_loop.py URL --rate 100 --seconds 4 --mode stream [--prompt-bytes N]
 
 prints one JSON line: ``offered_per_s``, ``req_per_s``, ``p50_ms``, ``p99_ms``,
 ``num_requests``, ``num_errors``.
@@ -20,27 +25,48 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 
 MODEL = "fast-16"  # gateway_overhead.py's fixed backend
 REPLY_TOKENS = 16
 
 
-async def open_loop(url: str, rate: float, seconds: float, is_stream: bool) -> dict[str, float]:
-    import aiohttp
-
-    payload = json.dumps({
+def payloads(is_stream: bool, prompt_bytes: int) -> Callable[[int], bytes]:
+    """Request ``i``'s body: a short prompt, or one of about ``prompt_bytes`` bytes that
+    differs from every other from its first block (built from parts, no JSON encoding per
+    request: the load generator's CPU stays small)."""
+    short = json.dumps({
         "model": MODEL, "stream": is_stream, "max_tokens": REPLY_TOKENS,
         "messages": [{"role": "user", "content": "say sixteen words"}],
     }).encode()  # fmt: skip
+    if prompt_bytes <= 0:
+        return lambda _: short
+    rng = random.Random(1)
+    words = [bytes(rng.choices(b"abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9)))
+             for _ in range(4096)]  # fmt: skip
+    filler = b" ".join(rng.choices(words, k=prompt_bytes // 5))[:prompt_bytes]
+    head, _, tail = json.dumps({
+        "model": MODEL, "stream": is_stream, "max_tokens": REPLY_TOKENS,
+        "messages": [{"role": "user", "content": "@"}],
+    }).encode().partition(b"@")  # fmt: skip
+    return lambda i: b"%srequest %d: %s%s" % (head, i, filler, tail)
+
+
+async def open_loop(
+    url: str, rate: float, seconds: float, is_stream: bool, prompt_bytes: int = 0
+) -> dict[str, float]:
+    import aiohttp
+
+    payload_of = payloads(is_stream, prompt_bytes)
     headers = {"Content-Type": "application/json", "Authorization": "Bearer x"}
     rng = random.Random(0)
     latencies: list[float] = []
     errors = 0
 
-    async def one(session: aiohttp.ClientSession, scheduled: float) -> None:
+    async def one(session: aiohttp.ClientSession, scheduled: float, i: int) -> None:
         nonlocal errors
         try:
-            async with session.post(url, data=payload, headers=headers) as resp:
+            async with session.post(url, data=payload_of(i), headers=headers) as resp:
                 await resp.read()
                 if resp.status != 200:
                     errors += 1
@@ -51,8 +77,8 @@ async def open_loop(url: str, rate: float, seconds: float, is_stream: bool) -> d
         latencies.append(time.perf_counter() - scheduled)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        for _ in range(3):  # warm the connections before the clock starts
-            await one(session, time.perf_counter())
+        for i in range(3):  # warm the connections before the clock starts
+            await one(session, time.perf_counter(), -1 - i)
         latencies.clear()
         tasks = []
         start = time.perf_counter()
@@ -61,7 +87,7 @@ async def open_loop(url: str, rate: float, seconds: float, is_stream: bool) -> d
             delay = arrival - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(session, arrival)))
+            tasks.append(asyncio.create_task(one(session, arrival, len(tasks))))
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - start
     latencies.sort()
@@ -73,6 +99,7 @@ async def open_loop(url: str, rate: float, seconds: float, is_stream: bool) -> d
         "p99_ms": 1000 * latencies[min(n - 1, int(n * 0.99))] if n else float("nan"),
         "num_requests": n,
         "num_errors": errors,
+        "prompt_bytes": prompt_bytes,
     }
 
 
@@ -82,8 +109,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, required=True, help="mean requests per second")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--mode", choices=("non-stream", "stream"), default="non-stream")
+    parser.add_argument("--prompt-bytes", type=int, default=0, help="a large prompt (bytes)")
     args = parser.parse_args()
-    result = asyncio.run(open_loop(args.url, args.rate, args.seconds, args.mode == "stream"))
+    is_stream = args.mode == "stream"
+    result = asyncio.run(open_loop(args.url, args.rate, args.seconds, is_stream, args.prompt_bytes))
     print(json.dumps(result))
 
 

@@ -17,15 +17,20 @@ Two loads, streamed and not, in interleaved rounds (``--repeat``, medians), so
 drift on a shared machine hits each target alike: closed-loop clients at
 saturation (``--concurrency``, 32 by default; every target), then open-loop
 Poisson arrivals at each of ``--rates`` requests/s (``_open_loop.py``; Envoy
-direct and the pickers), the rates fleets see. It prints req/s, p50/p99, the p50
-and p99 added over ``envoy direct`` and the CPU time the picker / gateway
+direct and the pickers), the rates fleets see; then large prompts
+(``--large-prompt-kb``, 500 KB by default, each prompt new from its first block)
+at ``--large-rate`` requests/s through every target, the backend direct
+included. It prints req/s, p50/p99, the p50 and p99 added over ``envoy direct``
+(large prompts: over ``backend direct``) and the CPU time the picker / gateway
 process spent per request, and the issue 36 goals for the picker: at most
 0.5 ms of CPU per request at saturation, at most 2 ms p50 added over Envoy
 direct at 100 requests/s, at least 0.5x Envoy direct's throughput at
-saturation. The last line is one JSON object with the figures and the goals.
+saturation, and at most 20 ms p50 added by Envoy with the picker over the
+backend direct for a 500 KB prompt (the worse of streamed and not). The last
+line is one JSON object with the figures and the goals.
 
     python benchmarks/epp_overhead.py [--seconds 4] [--repeat 3] [--rates 10,100,200]
-        [--response-bodies auto] [--baseline REF]
+        [--large-prompt-kb 500] [--large-rate 10] [--response-bodies auto] [--baseline REF]
 
 Envoy comes from ``longroute epp --install-envoy`` (run first if it is missing).
 """
@@ -52,10 +57,11 @@ GOAL_CPU_US = 500.0  # picker CPU per request at saturation
 GOAL_RATE = 100  # requests/s of the latency goal
 GOAL_ADDED_P50_MS = 2.0  # at GOAL_RATE
 GOAL_THROUGHPUT = 0.5  # x Envoy direct's, at saturation
+GOAL_LARGE_ADDED_P50_MS = 20.0  # a 500 KB prompt, Envoy + picker over the backend direct
 MODEL = "fast-16"  # what gateway_overhead.py's load generator asks for
 HERE = Path(__file__).resolve().parent
 OVERHEAD_SCRIPT, OPEN_LOOP = HERE / "gateway_overhead.py", HERE / "_open_loop.py"
-EPP, DIRECT = "envoy + epp", "envoy direct"
+EPP, DIRECT, BACKEND = "envoy + epp", "envoy direct", "backend direct"
 Figures = dict[str, dict[str, float]]
 
 
@@ -120,12 +126,14 @@ def _start_picker(
     return proc, json.loads(out.stdout)
 
 
-def _open_loop(url: str, rate: float, seconds: float, pid: int | None) -> Figures:
+def _open_loop(
+    url: str, rate: float, seconds: float, pid: int | None, prompt_bytes: int = 0
+) -> Figures:
     """``_open_loop.py`` at ``rate``, streamed and not; ``cpu_us_per_req`` of ``pid``."""
     out = {}
     for mode in h.MODES:
-        cmd = [sys.executable, str(OPEN_LOOP), url, "--rate", str(rate),
-               "--seconds", str(seconds), "--mode", mode]  # fmt: skip
+        cmd = [sys.executable, str(OPEN_LOOP), url, "--rate", str(rate), "--seconds",
+               str(seconds), "--mode", mode, "--prompt-bytes", str(prompt_bytes)]  # fmt: skip
         cpu_before_s = h.process_tree_cpu_s(pid) if pid is not None else None
         res = subprocess.run(cmd, check=True, capture_output=True, text=True)
         out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -142,12 +150,16 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads")
     parser.add_argument("--rates", default="10,100,200", help="open-loop requests/s ('' none)")
+    parser.add_argument("--large-prompt-kb", type=int, default=500, help="large prompts (0 none)")
+    parser.add_argument("--large-rate", type=float, default=10.0, help="their requests/s")
     parser.add_argument("--response-bodies", default="auto", help="the picker's option")
     parser.add_argument("--baseline", metavar="REF", help="also the picker of commit REF")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
     if args.seconds <= 0 or args.concurrency < 1 or args.repeat < 1 or min(rates, default=1) <= 0:
         parser.error("--seconds and --rates must be > 0, --concurrency and --repeat >= 1")
+    if args.large_prompt_kb < 0 or args.large_rate <= 0:
+        parser.error("--large-prompt-kb must be >= 0 and --large-rate > 0")
     try:
         binary = find_envoy()
     except EnvoyNotFoundError as exc:
@@ -155,13 +167,13 @@ def main() -> int:
         return 2
     with contextlib.ExitStack() as stack:
         base = stack.enter_context(_worktree(args.baseline)) if args.baseline else None
-        closed, opened = _run(args, rates, binary, base)
-    return _report(closed, opened, args)
+        closed, opened, large = _run(args, rates, binary, base)
+    return _report(closed, opened, large, args)
 
 
 def _run(
     args: argparse.Namespace, rates: list[float], binary: Path, base: Path | None
-) -> tuple[dict[str, Figures], dict[float, dict[str, Figures]]]:
+) -> tuple[dict[str, Figures], dict[float, dict[str, Figures]], dict[str, Figures]]:
     tmp = Path(tempfile.mkdtemp(prefix="lr-epp-bench-"))
     procs: list[subprocess.Popen[bytes]] = []
     envoys: list[EnvoyProcess] = []
@@ -172,8 +184,8 @@ def _run(
                                 str(port)], tmp / f"backend-{i}.log"))  # fmt: skip
             h.wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
         print(f"3 fast backends up; starting Envoy {binary}, pickers and serve...", flush=True)
-        targets: dict[str, str] = {"backend direct": f"http://127.0.0.1:{ports[0]}"}
-        pids: dict[str, int | None] = {"backend direct": None, DIRECT: None}
+        targets: dict[str, str] = {BACKEND: f"http://127.0.0.1:{ports[0]}"}
+        pids: dict[str, int | None] = {BACKEND: None, DIRECT: None}
         backends = [("127.0.0.1", p) for p in ports]
         direct = EnvoyProcess(binary, direct_config(backends, port=0, admin_port=0), tmp,
                               name="envoy-direct", concurrency=args.envoy_concurrency)  # fmt: skip
@@ -200,6 +212,7 @@ def _run(
         runs: dict[str, list[Figures]] = {label: [] for label in targets}
         rate_labels = [DIRECT, *(label for label, _, _ in pickers)]
         rate_runs = {r: {label: [] for label in rate_labels} for r in rates}
+        large_runs: dict[str, list[Figures]] = {label: [] for label in targets}
         for round_index in range(args.repeat):
             for label, base_url in targets.items():
                 print(f"round {round_index + 1}/{args.repeat}: {label}...", flush=True)
@@ -212,9 +225,16 @@ def _run(
                     url = f"{targets[label]}/v1/chat/completions"
                     figures = _open_loop(url, rate, args.seconds, pids[label])
                     rate_runs[rate][label].append(figures)
+            for label in targets if args.large_prompt_kb else ():
+                print(f"round {round_index + 1}/{args.repeat}: {label}, "
+                      f"{args.large_prompt_kb} KB prompts...", flush=True)  # fmt: skip
+                url, size = f"{targets[label]}/v1/chat/completions", 1000 * args.large_prompt_kb
+                figures = _open_loop(url, args.large_rate, args.seconds, pids[label], size)
+                large_runs[label].append(figures)
         closed = {label: h.median_runs(r) for label, r in runs.items()}
         opened = {r: {lb: h.median_runs(x) for lb, x in by.items()} for r, by in rate_runs.items()}
-        return closed, opened
+        large = {label: h.median_runs(r) for label, r in large_runs.items() if r}
+        return closed, opened, large
     finally:
         for envoy_process in envoys:
             envoy_process.stop()
@@ -231,8 +251,8 @@ def _line(label: str, mode: str, r: dict[str, float]) -> str:
     )
 
 
-def _added(results: dict[str, Figures]) -> None:
-    envoy = results[DIRECT]
+def _added(results: dict[str, Figures], reference: str = DIRECT) -> None:
+    envoy = results[reference]
     for figures in results.values():
         for mode, r in figures.items():
             r["added_p50_ms_over_envoy"] = r["p50_ms"] - envoy[mode]["p50_ms"]
@@ -240,7 +260,10 @@ def _added(results: dict[str, Figures]) -> None:
 
 
 def _report(
-    closed: dict[str, Figures], opened: dict[float, dict[str, Figures]], args: argparse.Namespace
+    closed: dict[str, Figures],
+    opened: dict[float, dict[str, Figures]],
+    large: dict[str, Figures],
+    args: argparse.Namespace,
 ) -> int:
     print(f"\n{args.concurrency} closed-loop clients; medians of interleaved rounds (ms)")
     _added(closed)
@@ -251,6 +274,13 @@ def _report(
         print(f"\nopen loop at {rate:g} requests/s (Poisson arrivals)")
         _added(results)
         for label, figures in results.items():
+            for mode, r in figures.items():
+                print(_line(label, mode, r))
+    if large:
+        print(f"\n{args.large_prompt_kb} KB prompts at {args.large_rate:g} requests/s "
+              f"(+: added over {BACKEND})")  # fmt: skip
+        _added(large, BACKEND)
+        for label, figures in large.items():
             for mode, r in figures.items():
                 print(_line(label, mode, r))
     goals: dict[str, dict[str, object]] = {}
@@ -270,6 +300,17 @@ def _report(
         for name, value, target, met in entries:
             goals[name] = {"target": target, "value": round(value, 3), "met": met}
             print(f"goal {name}: {value:.3g} ({target}): {'met' if met else 'NOT met'}")
+    if large:
+        added = max(r["added_p50_ms_over_envoy"] for r in large[EPP].values())
+        goals["large_prompt_envoy_added_p50_ms"] = {
+            "target": f"<= {GOAL_LARGE_ADDED_P50_MS:g} over {BACKEND}, "
+            f"{args.large_prompt_kb} KB, worse mode",
+            "value": round(added, 3),
+            "met": added <= GOAL_LARGE_ADDED_P50_MS,
+        }
+        met = "met" if added <= GOAL_LARGE_ADDED_P50_MS else "NOT met"
+        print(f"goal large_prompt_envoy_added_p50_ms: {added:.3g} "
+              f"(<= {GOAL_LARGE_ADDED_P50_MS:g}): {met}")  # fmt: skip
     base = f"{EPP} {args.baseline}" if args.baseline else None
     if base is not None:
         for mode in h.MODES:
@@ -278,7 +319,8 @@ def _report(
     rates = {f"{rate:g}": results for rate, results in opened.items()}
     summary = {"benchmark": "epp_overhead", "concurrency": args.concurrency,
                "response_bodies": args.response_bodies, "baseline": args.baseline,
-               "figures": closed, "rates": rates, "goals": goals}  # fmt: skip
+               "figures": closed, "rates": rates, "large_prompt_kb": args.large_prompt_kb,
+               "large_prompts": large, "goals": goals}  # fmt: skip
     print(json.dumps(summary, sort_keys=True))
     return 0
 
