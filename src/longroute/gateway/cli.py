@@ -1,8 +1,9 @@
 """``longroute serve --config fleet.yaml``: run the gateway until interrupted.
 
-The lead's CLI registers :func:`serve_command` as a typer command
-(``app.command("serve")(serve_command)``). A missing or invalid config, an
-unknown router or queue policy, or an unset API-key variable prints one
+The verb is listed in :data:`longroute.cli_verbs.VERBS` as
+``longroute.gateway.cli:serve_command``; the root CLI imports this module only
+when ``serve`` is run or its help is asked for. A missing or invalid config,
+an unknown router or queue policy, or an unset API-key variable prints one
 clear error and exits 2 before anything listens.
 """
 
