@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import OrderedDict
 
 import pytest
 
@@ -178,3 +179,30 @@ def test_bisecting_match_equals_a_walk_of_every_block() -> None:
         for length in (1, 2, 17, 59, 60, 61, 79, 100):
             probe = [doc * 1000 + i for i in range(length)]
             assert index.match(probe) == _match_by_walking(index, probe)
+
+
+class _PopOneByOne(RouterPrefixIndex):
+    """The reference eviction: pop the LRU front one block at a time, releasing each."""
+
+    def _evict(self, lru: OrderedDict[int, None], endpoint: str, count: int) -> None:
+        for _ in range(count):
+            victim, _ = lru.popitem(last=False)
+            self._release(victim, endpoint)
+
+
+def test_bulk_eviction_leaves_the_same_state_as_one_pop_at_a_time() -> None:
+    """Same holders (and their order, which match's result order follows) and LRU orders."""
+    rng = random.Random(23)
+    names = [f"e{i}" for i in range(4)]
+    bulk = RouterPrefixIndex(names, capacity_blocks_per_endpoint=50)
+    reference = _PopOneByOne(names, capacity_blocks_per_endpoint=50)
+    for step in range(2000):
+        doc = rng.randrange(12)
+        prompt = [doc * 1000 + i for i in range(rng.randrange(1, 120))]
+        name = rng.choice(names)
+        bulk.insert(prompt, name, float(step))
+        reference.insert(prompt, name, float(step))
+        assert bulk.match(prompt) == reference.match(prompt)
+    assert list(bulk._holders.items()) == list(reference._holders.items())
+    assert all(list(h) == list(reference._holders[b]) for b, h in bulk._holders.items())
+    assert {n: list(bulk._lru[n]) for n in names} == {n: list(reference._lru[n]) for n in names}

@@ -8,8 +8,10 @@ capacity so the tree cannot grow without bound.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+import operator
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from itertools import compress, repeat
 
 
 class RouterPrefixIndex:
@@ -122,10 +124,9 @@ class RouterPrefixIndex:
             else:
                 lru[block_hash] = None
             holders[endpoint] = now_s
-        capacity = self.capacity_blocks_per_endpoint
-        while len(lru) > capacity:
-            victim, _ = lru.popitem(last=False)
-            self._release(victim, endpoint)
+        excess = len(lru) - self.capacity_blocks_per_endpoint
+        if excess > 0:
+            self._evict(lru, endpoint, excess)
 
     def num_blocks(self, endpoint: str) -> int:
         """Blocks the router believes ``endpoint`` holds."""
@@ -161,6 +162,23 @@ class RouterPrefixIndex:
             # no holders -> no descendants are held either, so it is a leaf
             del self._holders[block_hash]
 
+    def _evict(self, lru: OrderedDict[int, None], endpoint: str, count: int) -> None:
+        """Release ``endpoint``'s ``count`` least recently used blocks, leaves first.
+
+        The same as ``count`` pops from the front each followed by
+        :meth:`_release`, done as C-level bulk passes: a new 500 KB prompt
+        evicts ~7,800 blocks, and a Python call per block was ~1/6 faster gone.
+        """
+        all_holders = self._holders
+        pop = lru.popitem
+        victims = [pop(last=False)[0] for _ in range(count)]
+        victim_holders = list(map(all_holders.__getitem__, victims))
+        _consume(map(operator.delitem, victim_holders, repeat(endpoint)))
+        # held by no endpoint -> no descendants are held either: a leaf, removed
+        _consume(
+            map(all_holders.__delitem__, compress(victims, map(operator.not_, victim_holders)))
+        )
+
     def _lru_of(self, endpoint: str) -> OrderedDict[int, None]:
         try:
             return self._lru[endpoint]
@@ -168,3 +186,8 @@ class RouterPrefixIndex:
             raise KeyError(
                 f"unknown endpoint {endpoint!r}; valid: {', '.join(self._lru)}"
             ) from None
+
+
+def _consume(iterator: Iterable[object]) -> None:
+    """Run an iterator (a ``map`` of updates) to its end at C speed, keeping nothing."""
+    deque(iterator, maxlen=0)
