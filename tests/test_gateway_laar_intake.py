@@ -11,10 +11,18 @@ import pytest
 from longroute.clock import SimClock
 from longroute.config import ConfigError
 from longroute.gateway.config import parse_gateway_config
-from longroute.gateway.intake import RequestBuilder
+from longroute.gateway.intake import REQUEST_HEADERS, RequestBuilder
 from longroute.gateway.parse import ROUTE_CHAT, ROUTE_COMPLETIONS, parse_body
-from longroute.headers import TASK_HEADER
-from longroute.types import Language, Request
+from longroute.headers import (
+    PROGRAM_ID_HEADER,
+    SESSION_HEADER,
+    STAGE_HEADER,
+    TASK_HEADER,
+    TRIED_HEADER,
+    TTFT_SLO_HEADER,
+    WORKFLOW_HEADER,
+)
+from longroute.types import SLO, Language, Request
 from longroute.workloads.kv_prompts import KV_LANGUAGES, KV_TASK, build_kv_prompt
 from test_gateway import MODEL, FakeBackend, async_test, running_fleet
 from test_gateway_ops import RecordingRouter
@@ -97,6 +105,39 @@ def test_task_from_the_header_or_the_default() -> None:
     assert build(raw, default_task=KV_TASK).task == KV_TASK
     assert build(raw, {TASK_HEADER: "qa"}, default_task=KV_TASK).task == "qa"
     assert build(raw, {TASK_HEADER: "  "}, default_task=KV_TASK).task == KV_TASK
+
+
+HEADER_FIELDS = [
+    (TRIED_HEADER, "x, y", {"tried_models": ("x", "y"), "attempt": 3}),
+    (TASK_HEADER, "qa", {"task": "qa"}),
+    (SESSION_HEADER, "s1", {"session_id": "s1"}),
+    (TTFT_SLO_HEADER, "250", {"slo": SLO(ttft_s=0.25)}),
+    (PROGRAM_ID_HEADER, "p1", {"program_id": "p1"}),
+    (STAGE_HEADER, "2", {"stage": 2}),
+    (WORKFLOW_HEADER, "apps/w", {"workflow": "apps/w"}),
+]
+
+
+def test_request_headers_lists_every_header_the_builder_reads() -> None:
+    assert {header for header, _, _ in HEADER_FIELDS} == REQUEST_HEADERS
+
+
+@pytest.mark.parametrize(("header", "value", "fields"), HEADER_FIELDS)
+def test_each_request_header_is_read_alone_and_in_any_case(
+    header: str, value: str, fields: dict[str, object]
+) -> None:
+    """A request with none of REQUEST_HEADERS skips reading them: each one alone (with
+    other headers beside it, its name in another case) still sets its field."""
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "u"})
+    plain = build(raw.encode(), {"Content-Type": "application/json"}, default_task="t")
+    assert (plain.task, plain.session_id, plain.tried_models, plain.slo) == ("t", "u", (), None)
+    assert (plain.program_id, plain.stage, plain.workflow, plain.attempt) == (None, None, None, 1)
+    given = {"Content-Type": "application/json", header.upper(): value}
+    request = build(raw.encode(), given, default_task="t")
+    assert {name: getattr(request, name) for name in fields} == fields
+    changed = {name for name in Request.__dataclass_fields__ if name not in ("request_id",)}
+    differs = {n for n in changed if getattr(request, n) != getattr(plain, n)} - {"arrival_s"}
+    assert differs == set(fields)
 
 
 def test_default_task_must_not_be_empty() -> None:

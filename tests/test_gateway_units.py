@@ -14,8 +14,9 @@ from longroute.config import ConfigError
 from longroute.gateway.admission import Admission, QueueFullError, QueueTimeoutError, best_scored
 from longroute.gateway.config import load_gateway_config, parse_gateway_config, resolve_secrets
 from longroute.gateway.errors import GatewayError
+from longroute.gateway.granting_fleet import GrantingFleet
 from longroute.gateway.health import BreakerState, CircuitBreaker
-from longroute.gateway.parse import ROUTE_CHAT, ROUTE_COMPLETIONS, parse_body
+from longroute.gateway.parse import ROUTE_CHAT, ROUTE_COMPLETIONS, _chat_text, _messages, parse_body
 from longroute.gateway.prompt import chat_prompt_text, pseudo_token_ids, text_features
 from longroute.gateway.scrape import parse_engine_metrics
 from longroute.routing import ROUTERS
@@ -131,6 +132,33 @@ def test_chat_parsing_accepts_parts_and_null_content() -> None:
     with pytest.raises(GatewayError) as info:
         parse_body(b'{"model": "m", "messages": [{"role": "user"}], "n": 0}', ROUTE_CHAT)
     assert info.value.param == "n"
+
+
+def test_chat_text_in_one_pass_equals_the_general_path_or_its_error() -> None:
+    """The one-pass chat text (string and null contents) gives the general path's text,
+    and for anything else its very error (the first invalid message's, in order)."""
+    rng = random.Random(7)
+    pool: list[object] = [
+        {"role": "user", "content": "hi"}, {"role": "system", "content": None},
+        {"role": "assistant"}, {"role": "u" * 64, "content": "ok"}, {"role": "u" * 65},
+        {"role": "", "content": "x"}, {"role": 3, "content": "x"}, {"content": "x"},
+        {"role": "user", "content": [{"type": "text", "text": "p"}]},
+        {"role": "user", "content": ["bad part"]}, {"role": "user", "content": 5},
+        {"role": "tool", "content": "é\u4e2d"}, "not an object", None,
+    ]  # fmt: skip
+
+    def outcome(function: Any, body: dict[str, Any]) -> tuple[str, str]:
+        try:
+            return "text", function(body)
+        except GatewayError as err:
+            return "error", err.response().body.decode()
+
+    for _ in range(3000):
+        messages = [rng.choice(pool) for _ in range(rng.randrange(4))]
+        body: dict[str, Any] = {"messages": messages if rng.random() < 0.95 else "x"}
+        general = outcome(lambda b: chat_prompt_text(_messages(b)), body)
+        assert outcome(_chat_text, body) == general
+    assert outcome(_chat_text, {})[0] == "error"
 
 
 def test_block_hashes_of_a_growing_conversation_extend_each_other() -> None:
@@ -278,3 +306,58 @@ def test_admission_limits_timeouts_and_cancellation() -> None:
             await admission.acquire(_request("r5", "m1"), ("a",), 5.0)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("router_name", ["round-robin", "least-request", "prefix-cache"])
+def test_granting_fleet_computes_each_grants_candidates_once_with_the_same_grants(
+    router_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's fleet hands the router the candidate list admission just computed:
+    one computation per grant instead of two, and the same grants as a plain FleetView
+    through health changes, exclusions, finishes and a full backend."""
+    computed = [0]
+    plain_candidates = FleetView.candidates
+
+    def counting(fleet: FleetView, request: Request) -> list[Any]:
+        computed[0] += 1
+        return plain_candidates(fleet, request)
+
+    monkeypatch.setattr(FleetView, "candidates", counting)
+
+    def run(fleet_class: type[FleetView]) -> tuple[list[str | None], int]:
+        endpoints = [Endpoint(name, "m", "h", "r") for name in "abcd"]
+        fleet = fleet_class(endpoints)
+        router = ROUTERS.build(router_name, rng=random.Random(0))
+        admission = Admission(
+            fleet, router, dict.fromkeys("abcd", 2), max_queue=10, queue_policy="fcfs",
+            clock=SimClock(), observe_decision_s=lambda _: None,
+        )  # fmt: skip
+        rng = random.Random(1)
+        granted: list[str | None] = []
+        held: list[Any] = []
+        computed[0] = 0
+        for i in range(300):
+            fleet.set_health(rng.choice("abcd"), rng.random() < 0.8)
+            excluded = tuple(rng.sample("abcd", rng.randrange(3)))
+            try:
+                grant = admission.try_grant(_request(f"r{i}", "m", float(i)), excluded)
+            except NoCandidateError:
+                granted.append("none")
+                continue
+            granted.append(None if grant is None else grant.endpoint)
+            if grant is not None:
+                held.append(grant)
+            while held and (len(held) > 5 or rng.random() < 0.4):
+                done = held.pop(rng.randrange(len(held)))
+                admission.finish(done.request, done.endpoint, has_first_byte=False, is_ok=True)
+            assert fleet.candidates(_request("other", "m")) is not fleet.candidates(
+                _request("other", "m")
+            )  # outside a grant: computed anew each time
+        return granted, computed[0]
+
+    plain, plain_computed = run(FleetView)
+    pinned, pinned_computed = run(GrantingFleet)
+    assert pinned == plain
+    assert len({g for g in plain if g is not None}) > 3  # grants, none free, none eligible
+    num_routed = sum(g not in (None, "none") for g in plain)
+    assert plain_computed - pinned_computed == num_routed

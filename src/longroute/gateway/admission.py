@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from longroute.clock import Clock
+from longroute.gateway.granting_fleet import GrantingFleet
 from longroute.queueing import QUEUE_POLICIES, QueuePolicy
 from longroute.routing.base import Router
 from longroute.routing.fleet_view import AUTO_MODEL, FleetView, NoCandidateError
@@ -217,12 +218,9 @@ class Admission:
     # ---- granting ------------------------------------------------------------
     def try_grant(self, request: Request, excluded: Collection[str]) -> Grant | None:
         """Route and take a slot now, or None when every eligible backend is full."""
-        inflight, capacity = self._inflight, self._capacity
-        eligible = [
-            s.endpoint.name
-            for s in self.fleet.candidates(request)
-            if s.endpoint.name not in excluded
-        ]
+        inflight, capacity, fleet = self._inflight, self._capacity, self.fleet
+        candidates = fleet.candidates(request)
+        eligible = [s.endpoint.name for s in candidates if s.endpoint.name not in excluded]
         if not eligible:
             raise NoCandidateError(
                 f"every backend for model {request.model!r} already failed for this request"
@@ -232,7 +230,14 @@ class Admission:
             return None
         now_s = self._clock.now_s()
         started_s = time.perf_counter()
-        decision = self.router.route(request, self.fleet, now_s)
+        if type(fleet) is GrantingFleet:  # the router reads the list just computed
+            fleet.pin(request, candidates)
+            try:
+                decision = self.router.route(request, fleet, now_s)
+            finally:
+                fleet.unpin()
+        else:
+            decision = self.router.route(request, fleet, now_s)
         decision_s = time.perf_counter() - started_s
         self._observe_decision_s(decision_s)
         name = decision.endpoint

@@ -34,6 +34,7 @@ from longroute.gateway.backends import Backend
 from longroute.gateway.completions import CompletionHandler, check_content_type
 from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
 from longroute.gateway.errors import GatewayError, draining_error
+from longroute.gateway.granting_fleet import GrantingFleet
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.http.server import HttpServer, ResponseStream
 from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse
@@ -124,7 +125,7 @@ class Gateway:
         wiring = self.wiring
         # every gateway log record is redacted and kept on one line (see redact.py)
         self.log_filter = RedactingFilter(wiring.redactor)
-        self.fleet = build_fleet(config, wiring.backends, wiring.router)
+        self.fleet = build_fleet(config, wiring.backends, wiring.router, GrantingFleet)
         self.metrics.watch(self.fleet, calibration=getattr(wiring.router, "calibration", None))
         self.engine_truth = build_engine_truth(config, self.fleet)
         if self.engine_truth is not None:

@@ -37,6 +37,7 @@ MAX_ROLE_CHARS = 64
 MAX_OUTPUT_TOKENS = 1 << 24  # beyond any engine's context; keeps token arithmetic finite
 MAX_CHOICES = 128  # as the OpenAI API
 MAX_TOKEN_ID = (1 << 32) - 1
+_DECODER = json.JSONDecoder()  # json.loads's default decoder, called directly
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ def parse_body(raw: bytes, route: str) -> ParsedBody:
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     if route == ROUTE_CHAT:
-        text = chat_prompt_text(_messages(body))
+        text = _chat_text(body)
     else:
         text, token_ids = _prompt(body)
     if text is not None:
@@ -112,7 +113,10 @@ def decode_json(raw: bytes) -> Any:
     """``raw`` as strict UTF-8 JSON; a 400 for invalid UTF-8 (encoded surrogates included),
     invalid JSON, or nesting deeper than the decoder's recursion limit."""
     try:
-        return json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        if text.startswith("\ufeff"):  # json.loads's own error for a BOM
+            return json.loads(text)
+        return _DECODER.decode(text)  # what json.loads(text) calls, less its checks
     except UnicodeDecodeError as exc:
         raise bad_request(
             f"the body is not valid UTF-8: {exc.reason} at byte {exc.start}"
@@ -146,6 +150,29 @@ def _optional_int(body: dict[str, Any], key: str, maximum: int) -> int | None:
         shown = repr(value) if not isinstance(value, int) or value < 10**12 else "too large"
         raise bad_request(f"{key!r} must be an integer from 1 to {maximum}, got {shown[:64]}", key)
     return value
+
+
+def _chat_text(body: dict[str, Any]) -> str:
+    """:func:`chat_prompt_text` of the validated ``messages``, in the validation's pass when
+    every content is a string or null (the common case; the same text)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return chat_prompt_text(_messages(body))  # its error
+    parts = []
+    for message in messages:
+        if not isinstance(message, dict):
+            return chat_prompt_text(_messages(body))
+        role = message.get("role")
+        content = message.get("content")
+        if type(role) is not str or not 0 < len(role) <= MAX_ROLE_CHARS:
+            return chat_prompt_text(_messages(body))
+        if type(content) is str:
+            parts.append(f"<|{role}|>\n{content}\n")
+        elif content is None:
+            parts.append(f"<|{role}|>\n\n")
+        else:  # parts, or an error: the general path validates and renders them
+            return chat_prompt_text(_messages(body))
+    return "".join(parts)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, object]]:

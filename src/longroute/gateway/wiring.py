@@ -173,17 +173,21 @@ def check_router(router: Router, config: GatewayConfig, backends: Mapping[str, B
 
 
 def build_fleet(
-    config: GatewayConfig, backends: Mapping[str, Backend], router: Router
+    config: GatewayConfig,
+    backends: Mapping[str, Backend],
+    router: Router,
+    fleet_class: type[FleetView] = FleetView,
 ) -> FleetView:
     """The fleet view over every backend, with a prefix index where ``router`` reads one
     (the gateway and the endpoint picker build it alike). With ``precise_prefix`` the index
-    is a precise one: every backend starts on guesses and turns precise with its events."""
+    is a precise one: every backend starts on guesses and turns precise with its events.
+    ``fleet_class``: the gateway's :class:`~longroute.gateway.admission.GrantingFleet`."""
     index = None
     if config.precise_prefix is not None:
         from longroute.prefix.precise_index import PrecisePrefixIndex
 
         index = PrecisePrefixIndex(list(backends), config.prefix_index_capacity_blocks)
-    fleet = FleetView(
+    fleet = fleet_class(
         [b.endpoint for b in backends.values()],
         prefix_capacity_blocks=config.prefix_index_capacity_blocks,
         is_prefix_index_enabled=router.needs_prefix_index,
