@@ -361,3 +361,36 @@ def test_granting_fleet_computes_each_grants_candidates_once_with_the_same_grant
     assert len({g for g in plain if g is not None}) > 3  # grants, none free, none eligible
     num_routed = sum(g not in (None, "none") for g in plain)
     assert plain_computed - pinned_computed == num_routed
+
+
+def test_a_long_prompts_blocks_reach_the_index_at_the_loops_next_turn() -> None:
+    from longroute.gateway.granting_fleet import DEFERRED_INSERT_BLOCKS
+
+    endpoints = [Endpoint(name, "m", "h", "r") for name in "ab"]
+    long_hashes = tuple(range(1, DEFERRED_INSERT_BLOCKS + 1))
+    short_hashes = tuple(range(10_000, 10_000 + DEFERRED_INSERT_BLOCKS - 1))
+
+    def request(rid: str, hashes: tuple[int, ...]) -> Request:
+        return Request(rid, 0.0, 16 * len(hashes), 8, block_hashes=hashes, block_size_tokens=16)
+
+    async def scenario() -> None:
+        fleet = GrantingFleet(endpoints)
+        fleet.record_dispatch(request("short", short_hashes), "a", 0.0)
+        assert fleet.prefix_index.match(short_hashes) == {"a": len(short_hashes)}  # at once
+        fleet.record_dispatch(request("long", long_hashes), "b", 0.0)
+        assert fleet.prefix_index.match(long_hashes) == {}  # not on the request's path
+        assert fleet.state("b").num_inflight_requests == 1  # the load is counted now
+        await asyncio.sleep(0)
+        assert fleet.prefix_index.match(long_hashes) == {"b": len(long_hashes)}
+        # an endpoint removed (a reload) before the loop's next turn learns nothing
+        other = (*long_hashes[:-1], 0)
+        fleet.record_dispatch(request("late", other), "a", 0.0)
+        fleet.set_endpoints([endpoints[1]])
+        await asyncio.sleep(0)
+        assert "a" not in fleet.prefix_index.match(other)
+
+    asyncio.run(scenario())
+    # without a running loop (a synchronous caller) the insert happens at once
+    fleet = GrantingFleet(endpoints)
+    fleet.record_dispatch(request("sync", long_hashes), "a", 0.0)
+    assert fleet.prefix_index.match(long_hashes) == {"a": len(long_hashes)}

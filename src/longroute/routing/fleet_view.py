@@ -236,6 +236,11 @@ class FleetView:
             w = max(_SIZE_EWMA_WEIGHT, 1.0 / self._num_sized)
             self._mean_prompt_tokens += w * (request.num_prompt_tokens - self._mean_prompt_tokens)
             self._mean_output_tokens += w * (request.num_output_tokens - self._mean_output_tokens)
+        self.record_holdings(request, endpoint, now_s)
+
+    def record_holdings(self, request: Request, endpoint: str, now_s: float) -> None:
+        """The prefix index learns that ``endpoint`` will hold ``request``'s prompt blocks
+        (part of :meth:`record_dispatch`; the gateway may run it once the request is sent)."""
         if self.is_prefix_index_enabled and request.block_hashes:
             self.prefix_index.insert(request.block_hashes, endpoint, now_s)
 
