@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 MODES = ("non-stream", "stream")
@@ -109,3 +113,26 @@ def median_runs(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, 
         mode: {key: statistics.median(r[mode][key] for r in runs) for key in runs[0][mode]}
         for mode in runs[0]
     }
+
+
+@contextlib.contextmanager
+def worktree(ref: str, prefix: str = "lr-bench-") -> Iterator[Path]:
+    """``ref`` checked out (detached) in a temporary git worktree of this repository;
+    yields its ``src``, for ``--baseline REF`` runs side by side with HEAD. Exits with
+    git's message when ``ref`` cannot be checked out; removed on exit either way."""
+    root = Path(__file__).resolve().parent.parent
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    tree = tmp / "tree"
+    made = subprocess.run(
+        ["git", "-C", str(root), "worktree", "add", "--detach", "-q", str(tree), ref],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if made.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(f"--baseline {ref}: git worktree add failed: {made.stderr.strip()}")
+    try:
+        yield tree / "src"
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)  # fmt: skip
+        shutil.rmtree(tmp, ignore_errors=True)

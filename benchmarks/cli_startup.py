@@ -21,14 +21,13 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+import _harness as h
 
 ROOT = Path(__file__).resolve().parent.parent
 LONGROUTE = Path(sys.executable).with_name("longroute")
@@ -52,26 +51,6 @@ def _time(args: list[str], source: Path) -> tuple[float, float]:
     if status != 0:
         sys.exit(f"longroute {' '.join(args)} failed on {source} (wait status {status})")
     return wall, usage.ru_utime + usage.ru_stime
-
-
-@contextlib.contextmanager
-def _worktree(ref: str) -> Iterator[Path]:
-    """``ref`` checked out (detached) in a temporary worktree; yields its ``src``."""
-    tmp = Path(tempfile.mkdtemp(prefix="lr-cli-startup-"))
-    tree = tmp / "tree"
-    made = subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), ref],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if made.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        sys.exit(f"--baseline {ref}: git worktree add failed: {made.stderr.strip()}")
-    try:
-        yield tree / "src"
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       capture_output=True)  # fmt: skip
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _measure(sources: dict[str, Path], repeat: int) -> dict[str, dict[str, list[list[float]]]]:
@@ -113,7 +92,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         sources = {"head": ROOT / "src"}
         if args.baseline:
-            sources["baseline"] = stack.enter_context(_worktree(args.baseline))
+            sources["baseline"] = stack.enter_context(h.worktree(args.baseline, "lr-cli-startup-"))
         runs = _measure(sources, args.repeat)
     head = runs["head"]
     medians, cpu = _medians(head, 0), _medians(head, 1)

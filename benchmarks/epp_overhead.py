@@ -41,11 +41,9 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,24 +79,6 @@ def _fleet(ports: list[int], listen_port: int) -> dict[str, Any]:
         "admission": {"max_queue": 4096},
         "scrape_interval_s": None,  # the fixed backend has no /metrics
     }
-
-
-@contextlib.contextmanager
-def _worktree(ref: str) -> Iterator[Path]:
-    """``ref`` checked out (detached) in a temporary worktree; yields its ``src``."""
-    tmp = Path(tempfile.mkdtemp(prefix="lr-epp-base-"))
-    root = HERE.parent
-    made = subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q",
-                           str(tmp / "tree"), ref], capture_output=True, text=True)  # fmt: skip
-    if made.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        sys.exit(f"--baseline {ref}: git worktree add failed: {made.stderr.strip()}")
-    try:
-        yield tmp / "tree" / "src"
-    finally:
-        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force",
-                        str(tmp / "tree")], capture_output=True)  # fmt: skip
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _start_picker(
@@ -166,7 +146,9 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
-        base = stack.enter_context(_worktree(args.baseline)) if args.baseline else None
+        base = None
+        if args.baseline:
+            base = stack.enter_context(h.worktree(args.baseline, "lr-epp-base-"))
         closed, opened, large = _run(args, rates, binary, base)
     return _report(closed, opened, large, args)
 

@@ -29,19 +29,17 @@ and ``synthetic-100k``). REF's source must still run this script's cases (the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+import _harness as h
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -122,7 +120,7 @@ def main() -> None:
     if args.repeat < 1:
         sys.exit(f"--repeat must be >= 1, got {args.repeat}")
     if args.baseline:
-        with _worktree(args.baseline) as source:
+        with h.worktree(args.baseline, "lr-sim-speed-") as source:
             _compare(cases, args.repeat, args.baseline, source)
         return
     figures: dict[str, dict[str, float]] = {}
@@ -154,26 +152,6 @@ def _subprocess_case(case: str, source: Path) -> dict[str, float]:
         tail = "\n".join(out.stderr.strip().splitlines()[-5:])
         sys.exit(f"case {case!r} failed on {source}:\n{tail}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
-@contextlib.contextmanager
-def _worktree(ref: str) -> Iterator[Path]:
-    """``ref`` checked out (detached) in a temporary worktree; yields its ``src``."""
-    tmp = Path(tempfile.mkdtemp(prefix="lr-sim-speed-"))
-    tree = tmp / "tree"
-    made = subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), ref],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if made.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        sys.exit(f"--baseline {ref}: git worktree add failed: {made.stderr.strip()}")
-    try:
-        yield tree / "src"
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       capture_output=True)  # fmt: skip
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _compare(cases: list[str], repeat: int, ref: str, baseline: Path) -> None:
