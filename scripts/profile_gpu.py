@@ -822,13 +822,48 @@ def physics_check(rec: Recorder, device_name: str) -> list[str]:
             if isinstance(tf, float) and tf * 1e12 > flops_peak:
                 bad.append(f"{table}: {row} exceeds {flops_peak / 1e12:.0f} TFLOP/s")
             # small operands can come from L2: only flag streams over 64 MB
-            if table == "gemm":
+            if table.startswith("gemm"):
                 streamed = float(str(row["n"])) * float(str(row["k"])) * BF16
             else:
                 streamed = float(str(row.get("kv_bytes", 0.0)))
             if isinstance(gb, float) and streamed > 64e6 and gb * 1e9 > bw_peak:
                 bad.append(f"{table}: {row} exceeds {bw_peak / 1e9:.0f} GB/s")
     return bad
+
+
+def device_meta(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The run's device, versions, clocks and timing method, for meta.json."""
+    props = torch.cuda.get_device_properties(0)
+    device_name = torch.cuda.get_device_name(0)
+    return {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "device": device_name,
+        "compute_capability": list(torch.cuda.get_device_capability(0)),
+        "multiprocessors": props.multi_processor_count,
+        "memory_bytes": props.total_memory,
+        "l2_cache_bytes": getattr(props, "L2_cache_size", None),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "nvidia_smi_start": nvidia_smi(),
+        "dtype": "bfloat16",
+        "timing": (
+            "CUDA graph of `calls` consecutive calls (about 1 ms), replays queued behind "
+            "torch.cuda._sleep and timed with CUDA events; sample = replay / calls; median, "
+            "p10, p90 of >= min_reps samples after warm-up; operands rotated among copies "
+            f"of >= {ROTATE_BYTES / 1e6:.0f} MB in all"
+        ),
+        "min_reps": args.min_reps,
+        "max_reps": args.max_reps,
+        "budget_s": args.budget_s,
+        "sleep_kernel": hasattr(torch.cuda, "_sleep"),
+        "bf16_reduced_precision_reduction": bool(
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        ),
+        "seconds": {},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -858,37 +893,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False
     rec = Recorder(args.out)
-    props = torch.cuda.get_device_properties(0)
-    device_name = torch.cuda.get_device_name(0)
-    rec.meta = {
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "device": device_name,
-        "compute_capability": list(torch.cuda.get_device_capability(0)),
-        "multiprocessors": props.multi_processor_count,
-        "memory_bytes": props.total_memory,
-        "l2_cache_bytes": getattr(props, "L2_cache_size", None),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version(),
-        "python": platform.python_version(),
-        "nvidia_smi_start": nvidia_smi(),
-        "dtype": "bfloat16",
-        "timing": (
-            "CUDA graph of `calls` consecutive calls (about 1 ms), replays queued behind "
-            "torch.cuda._sleep and timed with CUDA events; sample = replay / calls; median, "
-            "p10, p90 of >= min_reps samples after warm-up; operands rotated among copies "
-            f"of >= {ROTATE_BYTES / 1e6:.0f} MB in all"
-        ),
-        "min_reps": args.min_reps,
-        "max_reps": args.max_reps,
-        "budget_s": args.budget_s,
-        "sleep_kernel": hasattr(torch.cuda, "_sleep"),
-        "bf16_reduced_precision_reduction": bool(
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-        ),
-        "seconds": {},
-    }
+    rec.meta = device_meta(torch, args)
+    device_name = rec.meta["device"]
     print(f"device {device_name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
     torch.manual_seed(0)
     bench = Bench(torch, args.budget_s, args.min_reps, args.max_reps)

@@ -1,0 +1,617 @@
+"""Measure what the first GPU tables left out: long-context chunks, riders, the GEMM knee.
+
+``scripts/profile_gpu.py`` (issue 19) measured GEMMs at powers of two, prefill
+attention up to 256K context with chunks of 256 tokens or more, and decode. The
+predictor's open questions sit outside that grid (issue 34, item 4, Medha's
+multi-prefill batching):
+
+* ``attention_long.csv``: a causal chunk of q = 16..1024 new tokens after
+  128K..1M cached tokens, one layer, batch 1, GQA, flash (and cuDNN where its
+  chunk mask proved bottom-right aligned). A late chunk of a long prefill is
+  this small; is it bandwidth-bound (KV read) or compute-bound (pairs)?
+* ``rider_layer.csv``: one whole decoder layer (llama-3-8b at TP 1, and
+  llama-3-70b's TP 8 shard) running a late chunk of ``chunk_tokens`` after
+  ``context_tokens`` together with a *rider*, a fresh prefill of
+  ``rider_tokens``: the linear layers see chunk + rider rows, attention is one
+  call per sequence (what a varlen kernel does in one launch). The whole layer
+  is one CUDA graph (``layer_us``), and so are its non-attention kernels alone
+  (``linear_us``). A rider's marginal cost is ``layer_us`` minus that of the
+  same chunk with ``rider_tokens = 0``. The paper's claim is that this is
+  nearly free until the rows reach the GEMMs' knee. No all-reduce: one GPU.
+* ``gemm_knee.csv``: ``gemm.csv``'s columns at every 16 tokens up to 1,024
+  (plus 1, 2, 4, 8), for llama-3-8b TP 1 and llama-3-70b TP 8, where cuBLAS
+  changes tiles and the fitted roofline has its knee.
+
+Timing, operand rotation and the SDPA correctness checks are profile_gpu.py's
+(``Bench``, ``Attention``); see its docstring.
+
+    PYTHONUNBUFFERED=1 python3 scripts/profile_gpu_long.py --out /tmp/profile_long
+
+Needs torch with CUDA. About 4 minutes on an H200; points past ``--budget-s`` are
+skipped and listed in ``meta.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from profile_gpu import (
+    BF16,
+    HEAD_CONFIGS,
+    HEAD_DIM,
+    KV_CAP_BYTES,
+    MODELS,
+    Attention,
+    Bench,
+    ModelShape,
+    Recorder,
+    ceilings,
+    copies_for,
+    device_meta,
+    free_memory,
+    gemm_point,
+    gemm_shapes,
+    is_oom,
+    nvidia_smi,
+    physics_check,
+    run_checks,
+)
+
+LONG_Q = (16, 32, 64, 128, 256, 512, 1024)
+LONG_C = (131072, 262144, 524288, 1048576)
+LONG_HEADS = ("32q8kv", "8q1kv")
+RIDER_C = (262144, 1048576)
+RIDER_CHUNK = (16, 64, 256)
+RIDER_K = (0, 16, 64, 128, 256, 512, 1024, 2048)
+KNEE_TOKENS = (1, 2, 4, 8, *range(16, 1025, 16))
+# (model, tp): the single-GPU 8B and the shard of 70B that Medha's TP 8 runs
+KNEE_CONFIGS = (("llama-3-8b", 1), ("llama-3-70b", 8))
+RIDER_CONFIGS = KNEE_CONFIGS
+
+
+def _model(name: str) -> ModelShape:
+    return next(m for m in MODELS if m.name == name)
+
+
+# ---------------------------------------------------------------- long-context chunks
+
+
+def run_attention_long(torch: Any, bench: Bench, rec: Recorder, attn: Attention) -> None:
+    backends = ["flash", "cudnn"] if attn.cudnn_bottom_right else ["flash"]
+    heads = [h for h in HEAD_CONFIGS if h[0] in LONG_HEADS]
+    for backend in backends:
+        if not attn.supports(backend, "prefill_chunk"):
+            rec.skip("attention_long", {"backend": backend}, "backend failed its check")
+            continue
+        expanded = attn.gqa_mode.get(backend) == "expanded"
+        for label, hq, hkv in heads:
+            h_kv_alloc = hq if expanded else hkv
+            line = []
+            for ctx in LONG_C:
+                for q_len in LONG_Q:
+                    point = {
+                        "backend": backend,
+                        "heads": label,
+                        "q_tokens": q_len,
+                        "context_tokens": ctx,
+                    }
+                    pairs = q_len * ctx + q_len * (q_len + 1) / 2
+                    flops = 4.0 * hq * HEAD_DIM * pairs
+                    kv_len = ctx + q_len
+                    kv_bytes = 2.0 * h_kv_alloc * kv_len * HEAD_DIM * BF16
+                    if kv_bytes > KV_CAP_BYTES:
+                        rec.skip("attention_long", point, "kv over 40 GiB")
+                        continue
+                    est = max(flops / 250e12, kv_bytes / 2.5e12) + 2e-5
+                    if not bench.fits(est):
+                        rec.skip("attention_long", point, "time budget")
+                        continue
+                    nc = min(4, copies_for(kv_bytes))
+                    try:
+                        r = _chunk_attention(
+                            torch, bench, attn, backend, hq, h_kv_alloc, q_len, ctx, nc
+                        )
+                    except Exception as exc:
+                        free_memory(torch)
+                        reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
+                        rec.skip("attention_long", point, reason)
+                        continue
+                    t = r["median_us"] * 1e-6
+                    rec.add(
+                        "attention_long",
+                        {
+                            **point,
+                            "q_heads": hq,
+                            "kv_heads": hkv,
+                            "head_dim": HEAD_DIM,
+                            "gqa": attn.gqa_mode[backend],
+                            "mask": attn.mask_mode(backend, ctx),
+                            "pairs": pairs,
+                            "kv_bytes": kv_bytes,
+                            **r,
+                            "tflops": flops / t / 1e12,
+                            "gbps": kv_bytes / t / 1e9,
+                            "copies": nc,
+                        },
+                    )
+                    if q_len in (16, 256):
+                        line.append(f"q{q_len}c{ctx // 1024}K={r['median_us']:.0f}us")
+                free_memory(torch)
+            print(f"long {backend} {label}: " + " ".join(line), flush=True)
+            rec.flush()
+
+
+def _chunk_attention(
+    torch: Any,
+    bench: Bench,
+    attn: Attention,
+    backend: str,
+    hq: int,
+    hkv: int,
+    q_len: int,
+    ctx: int,
+    nc: int,
+) -> dict[str, float]:
+    gqa = attn.gqa_mode[backend] == "native"
+    qs = [_rand(torch, 1, hq, q_len, HEAD_DIM) for _ in range(nc)]
+    ks = [_rand(torch, 1, hkv, ctx + q_len, HEAD_DIM) for _ in range(nc)]
+    vs = [_rand(torch, 1, hkv, ctx + q_len, HEAD_DIM) for _ in range(nc)]
+    return bench.measure(
+        lambda i: attn.call(backend, qs[i % nc], ks[i % nc], vs[i % nc], ctx, True, gqa),
+        rotate=nc,
+    )
+
+
+def _rand(torch: Any, *shape: int) -> Any:
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+# ---------------------------------------------------------------- split-KV chunks
+
+
+def split_count(q_heads: int, q_tokens: int, ctx: int, sms: int = 132) -> int:
+    """Splits of the cached context so that about two waves of blocks fill the GPU.
+
+    FlashAttention's forward launches one block per (sequence, head, 128 queries):
+    a 16-token chunk of 32 heads is 32 blocks on 132 SMs, whatever the context. An
+    engine's kernel (flash-decoding, FA's split-KV, FlashInfer) splits the keys
+    instead; this is that count, a power of two that divides ``ctx``.
+    """
+    blocks = q_heads * -(-q_tokens // 128)
+    want = max(1, -(-2 * sms // blocks))
+    s = 1
+    while s < want and ctx % (2 * s) == 0:
+        s *= 2
+    return s
+
+
+class SplitChunk:
+    """A causal chunk after a cached context, as an engine's split-KV kernel runs it.
+
+    The context's keys are cut into ``splits`` pieces, each attended by all the
+    chunk's queries (one batched, non-causal FlashAttention call that also returns
+    the log-sum-exp), the chunk attends causally to itself, and the partial
+    outputs are merged by their log-sum-exp. An engine does all of this in one
+    or two launches; here it is three calls and a merge, so it can only
+    overstate the time.
+    """
+
+    def __init__(self, torch: Any, hq: int, hkv: int, q_tokens: int, ctx: int, splits: int):
+        self.torch = torch
+        self.op = torch.ops.aten._scaled_dot_product_flash_attention
+        self.splits, self.hq, self.L = splits, hq, q_tokens
+        g, per = hq // hkv, ctx // splits
+        self.q = _rand(torch, 1, hq, q_tokens, HEAD_DIM)
+        # the g query heads that share a KV head read it once: stacked along the rows
+        # (exact for the context, which every query sees whole)
+        folded = self.q.view(1, hkv, g * q_tokens, HEAD_DIM)
+        self.q_fold = folded.expand(splits, hkv, g * q_tokens, HEAD_DIM).contiguous()
+        self.kc = _rand(torch, splits, hkv, per, HEAD_DIM)
+        self.vc = _rand(torch, splits, hkv, per, HEAD_DIM)
+        self.ks = _rand(torch, 1, hkv, q_tokens, HEAD_DIM)
+        self.vs = _rand(torch, 1, hkv, q_tokens, HEAD_DIM)
+        # the chunk's own causal part is small: its KV heads expanded beforehand
+        self.ks_e = self.ks.repeat_interleave(g, dim=1)
+        self.vs_e = self.vs.repeat_interleave(g, dim=1)
+
+    def __call__(self, i: int = 0) -> Any:
+        torch, s, hq, L = self.torch, self.splits, self.hq, self.L
+        out_c, lse_c = self.op(self.q_fold, self.kc, self.vc, 0.0, False, False)[:2]
+        out_c = out_c.reshape(s, hq, L, HEAD_DIM)
+        lse_c = lse_c[..., : out_c.shape[2] * (hq // self.kc.shape[1])].reshape(s, hq, L)
+        out_s, lse_s = self.op(self.q, self.ks_e, self.vs_e, 0.0, True, False)[:2]
+        lse = torch.cat([lse_c, lse_s[..., :L]], 0)
+        w = torch.exp(lse - lse.amax(0, keepdim=True))
+        out = torch.cat([out_c, out_s], 0).float() * w.unsqueeze(-1)
+        return (out.sum(0) / w.sum(0).unsqueeze(-1)).to(torch.bfloat16).unsqueeze(0)
+
+    def reference(self) -> Any:
+        """The same attention over the whole context, in float32 (the check)."""
+        torch = self.torch
+        k = torch.cat(
+            [self.kc.transpose(0, 1).reshape(1, self.kc.shape[1], -1, HEAD_DIM), self.ks], 2
+        )
+        v = torch.cat(
+            [self.vc.transpose(0, 1).reshape(1, self.vc.shape[1], -1, HEAD_DIM), self.vs], 2
+        )
+        groups = self.q.shape[1] // k.shape[1]
+        qf = self.q.float()
+        kf, vf = (t.float().repeat_interleave(groups, dim=1) for t in (k, v))
+        s = qf @ kf.transpose(-1, -2) / HEAD_DIM**0.5
+        lq, lk = qf.shape[-2], kf.shape[-2]
+        qi = torch.arange(lq, device="cuda")[:, None] + (lk - lq)
+        kj = torch.arange(lk, device="cuda")[None, :]
+        s = s.masked_fill(kj > qi, float("-inf"))
+        return torch.softmax(s, dim=-1) @ vf
+
+
+def check_split(torch: Any, rec: Recorder) -> bool:
+    """Whether SplitChunk matches a float32 reference (relative error under 2e-2)."""
+    result = {}
+    ok = True
+    for _, hq, hkv in HEAD_CONFIGS:
+        try:
+            chunk = SplitChunk(torch, hq, hkv, 48, 4096, 8)
+            err = float((chunk().float() - chunk.reference()).norm() / chunk.reference().norm())
+        except Exception as exc:
+            result[f"{hq}q{hkv}kv"] = f"failed: {type(exc).__name__}: {exc}"[:200]
+            ok = False
+            continue
+        result[f"{hq}q{hkv}kv"] = f"relative error {err:.2e}"
+        ok = ok and err < 2e-2
+    rec.meta["split_kv_check"] = result
+    print(f"split-KV check: {result}", flush=True)
+    return ok
+
+
+def run_split_long(torch: Any, bench: Bench, rec: Recorder) -> None:
+    """``attention_long`` rows of backend ``flash_split``: SplitChunk at each point."""
+    for label, hq, hkv in (h for h in HEAD_CONFIGS if h[0] in LONG_HEADS):
+        line = []
+        for ctx in LONG_C:
+            for q_len in LONG_Q:
+                point = {
+                    "backend": "flash_split",
+                    "heads": label,
+                    "q_tokens": q_len,
+                    "context_tokens": ctx,
+                }
+                pairs = q_len * ctx + q_len * (q_len + 1) / 2
+                flops = 4.0 * hq * HEAD_DIM * pairs
+                kv_bytes = 2.0 * hkv * (ctx + q_len) * HEAD_DIM * BF16
+                if not bench.fits(max(flops / 250e12, kv_bytes / 2.5e12) + 5e-5):
+                    rec.skip("attention_long", point, "time budget")
+                    continue
+                splits = split_count(hq, q_len, ctx)
+                try:
+                    chunk = SplitChunk(torch, hq, hkv, q_len, ctx, splits)
+                    r = bench.measure(chunk)
+                except Exception as exc:
+                    free_memory(torch)
+                    reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
+                    rec.skip("attention_long", point, reason)
+                    continue
+                del chunk
+                t = r["median_us"] * 1e-6
+                rec.add(
+                    "attention_long",
+                    {
+                        **point,
+                        "q_heads": hq,
+                        "kv_heads": hkv,
+                        "head_dim": HEAD_DIM,
+                        "gqa": "native",
+                        "mask": f"split_kv_{splits}",
+                        "pairs": pairs,
+                        "kv_bytes": kv_bytes,
+                        **r,
+                        "tflops": flops / t / 1e12,
+                        "gbps": kv_bytes / t / 1e9,
+                        "copies": 1,
+                    },
+                )
+                if q_len in (16, 256):
+                    line.append(f"q{q_len}c{ctx // 1024}K={r['median_us']:.0f}us")
+            free_memory(torch)
+        print(f"long flash_split {label}: " + " ".join(line), flush=True)
+        rec.flush()
+
+
+# ---------------------------------------------------------------- chunk + rider layer
+
+
+class RiderLayer:
+    """One decoder layer's kernels for a late chunk plus a rider, as CUDA-graphable calls.
+
+    The chunk's cached context is allocated once per (context, chunk): as split-KV
+    pieces (``SplitChunk``, what an engine's kernel reads) or one SDPA cache. The
+    rider attends causally to its own ``k`` tokens. Attention outputs land in
+    per-sequence buffers and o_proj reads a buffer of all rows, as a varlen
+    kernel's output would be laid out; the tiny KV writes are left out.
+    """
+
+    def __init__(self, torch: Any, attn: Attention, backend: str, model: ModelShape, tp: int):
+        self.torch, self.attn, self.backend = torch, attn, backend
+        self.F = torch.nn.functional
+        shapes = gemm_shapes(model, tp)
+        if shapes is None:
+            raise ValueError(f"{model.name} does not split over TP {tp}")
+        self.hq = model.num_attention_heads // tp
+        self.hkv = max(1, model.num_kv_heads // tp)
+        self.gqa = attn.gqa_mode[backend] == "native"
+        self.hkv_alloc = self.hkv if self.gqa else self.hq
+        self.hidden = model.hidden_size
+        self.inter = model.intermediate_size // tp
+        (_, n_qkv, _), (_, _, k_o), _, _ = shapes
+        self.w_qkv = _rand(torch, n_qkv, self.hidden) * 0.02
+        self.w_o = _rand(torch, self.hidden, k_o) * 0.02
+        self.w_gu = _rand(torch, 2 * self.inter, self.hidden) * 0.02
+        self.w_down = _rand(torch, self.hidden, self.inter) * 0.02
+        self.w_norm = torch.ones(self.hidden, device="cuda", dtype=torch.bfloat16)
+        self.weight_bytes = float(
+            BF16 * sum(w.numel() for w in (self.w_qkv, self.w_o, self.w_gu, self.w_down))
+        )
+        self.kv: tuple[Any, Any] | None = None
+        self.split: SplitChunk | None = None
+        self.ctx = 0
+
+    def set_context(self, ctx: int, chunk: int, split: bool) -> None:
+        """Allocate the chunk's cached context: split-KV pieces, or one SDPA cache."""
+        self.kv = self.split = None
+        free_memory(self.torch)
+        if split:
+            splits = split_count(self.hq, chunk, ctx)
+            self.split = SplitChunk(self.torch, self.hq, self.hkv_alloc, chunk, ctx, splits)
+        else:
+            shape = (1, self.hkv_alloc, ctx + chunk, HEAD_DIM)
+            self.kv = (_rand(self.torch, *shape), _rand(self.torch, *shape))
+        self.ctx = ctx
+
+    def calls(self, chunk: int, rider: int) -> dict[str, Callable[[int], object]]:
+        """The whole layer for ``chunk`` + ``rider`` rows, its non-attention part, and
+        each sequence's attention alone."""
+        torch, F, attn = self.torch, self.F, self.attn
+        ctx, rows, h = self.ctx, chunk + rider, self.hidden
+        x = _rand(torch, rows, h)
+        att_out = _rand(torch, rows, self.hq * HEAD_DIM)
+        q_chunk = _rand(torch, 1, self.hq, chunk, HEAD_DIM)
+        r_q = _rand(torch, 1, self.hq, max(rider, 1), HEAD_DIM)
+        r_k = _rand(torch, 1, self.hkv_alloc, max(rider, 1), HEAD_DIM)
+        r_v = _rand(torch, 1, self.hkv_alloc, max(rider, 1), HEAD_DIM)
+        inter, w_norm, split, kv = self.inter, self.w_norm, self.split, self.kv
+
+        def norm(t: Any) -> Any:
+            return F.rms_norm(t, (h,), w_norm, 1e-5)
+
+        def chunk_attention(i: int = 0) -> object:
+            if split is not None:
+                return split()
+            if kv is None:
+                raise RuntimeError("set_context first")
+            return attn.call(self.backend, q_chunk, kv[0], kv[1], ctx, True, self.gqa)
+
+        def rider_attention(i: int = 0) -> object:
+            return attn.call(self.backend, r_q, r_k, r_v, 0, True, self.gqa)
+
+        def layer(with_attention: bool) -> Any:
+            F.linear(norm(x), self.w_qkv)
+            if with_attention:
+                chunk_attention()
+                if rider:
+                    rider_attention()
+            r = x + F.linear(att_out, self.w_o)
+            gu = F.linear(norm(r), self.w_gu)
+            return r + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], self.w_down)
+
+        out: dict[str, Callable[[int], object]] = {
+            "layer": lambda i: layer(True),
+            "linear": lambda i: layer(False),
+            "chunk_attention": chunk_attention,
+        }
+        if rider:
+            out["rider_attention"] = rider_attention
+        return out
+
+
+def run_rider(torch: Any, bench: Bench, rec: Recorder, attn: Attention, split: bool) -> None:
+    if not attn.supports("flash", "prefill_chunk"):
+        rec.skip("rider_layer", {}, "flash failed its chunk check")
+        return
+    kind = "flash_split" if split else "flash"
+    for name, tp in RIDER_CONFIGS:
+        layer = RiderLayer(torch, attn, "flash", _model(name), tp)
+        for ctx in RIDER_C:
+            for chunk in RIDER_CHUNK:
+                try:
+                    layer.set_context(ctx, chunk, split)
+                except Exception as exc:
+                    free_memory(torch)
+                    rec.skip("rider_layer", {"model": name, "context_tokens": ctx}, f"{exc}"[:200])
+                    continue
+                chunk_us: float | None = None
+                line = []
+                for rider in RIDER_K:
+                    point = {
+                        "model": name,
+                        "tp": tp,
+                        "context_tokens": ctx,
+                        "chunk_tokens": chunk,
+                        "rider_tokens": rider,
+                    }
+                    if not bench.fits(0.03):
+                        rec.skip("rider_layer", point, "time budget")
+                        continue
+                    try:
+                        fns = layer.calls(chunk, rider)
+                        r = {k: bench.measure(f) for k, f in fns.items() if k != "chunk_attention"}
+                        if chunk_us is None:
+                            chunk_us = bench.measure(fns["chunk_attention"])["median_us"]
+                    except Exception as exc:
+                        free_memory(torch)
+                        reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
+                        rec.skip("rider_layer", point, reason)
+                        continue
+                    row: dict[str, object] = {
+                        **point,
+                        "attention": kind,
+                        "splits": layer.split.splits if layer.split is not None else 1,
+                        "q_heads": layer.hq,
+                        "kv_heads": layer.hkv,
+                        "rows": chunk + rider,
+                        "chunk_attention_us": chunk_us,
+                        "rider_attention_us": r["rider_attention"]["median_us"] if rider else 0.0,
+                    }
+                    for key in ("layer", "linear"):
+                        for q in ("median", "p10", "p90"):
+                            row[f"{key}_us" if q == "median" else f"{key}_{q}_us"] = r[key][
+                                f"{q}_us"
+                            ]
+                    row.update(
+                        {
+                            "reps": r["layer"]["reps"],
+                            "calls": r["layer"]["calls"],
+                            "weight_bytes": layer.weight_bytes,
+                            "kv_bytes": 2.0 * layer.hkv * (ctx + chunk) * HEAD_DIM * BF16,
+                        }
+                    )
+                    rec.add("rider_layer", row)
+                    line.append(
+                        f"k{rider}={r['layer']['median_us']:.0f}/{r['linear']['median_us']:.0f}"
+                    )
+                print(
+                    f"rider {kind} {name} tp{tp} c{ctx // 1024}K chunk{chunk} "
+                    f"(attention {chunk_us or 0.0:.0f}us): " + " ".join(line),
+                    flush=True,
+                )
+                rec.flush()
+        layer.kv = layer.split = None
+        del layer
+        free_memory(torch)
+
+
+# ---------------------------------------------------------------- GEMM knee
+
+
+def run_knee(torch: Any, bench: Bench, rec: Recorder) -> None:
+    for name, tp in KNEE_CONFIGS:
+        shapes = gemm_shapes(_model(name), tp) or []
+        for layer, n, k in shapes:
+            w_bytes = n * k * BF16
+            ncw = copies_for(w_bytes)
+            weights = [_rand(torch, n, k) for _ in range(ncw)]
+            for m_tok in KNEE_TOKENS:
+                point = {"model": name, "tp": tp, "layer": layer, "m_tokens": m_tok}
+                if not bench.fits(2e-4):
+                    rec.skip("gemm_knee", point, "time budget")
+                    continue
+                nc = min(ncw, copies_for(w_bytes + BF16 * m_tok * k))
+                r = gemm_point(torch, bench, weights, m_tok, k, nc)
+                t = r["median_us"] * 1e-6
+                flops = 2.0 * m_tok * n * k
+                nbytes = float(BF16 * (m_tok * k + n * k + m_tok * n))
+                rec.add(
+                    "gemm_knee",
+                    {
+                        **point,
+                        "n": n,
+                        "k": k,
+                        **r,
+                        "tflops": flops / t / 1e12,
+                        "gbps": nbytes / t / 1e9,
+                        "copies": nc,
+                    },
+                )
+            weights = []
+            free_memory(torch)
+            print(f"knee {name} tp{tp} {layer}: {len(KNEE_TOKENS)} points", flush=True)
+        rec.flush()
+
+
+# ---------------------------------------------------------------- main
+
+SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for CSVs and meta.json")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="skip points after this")
+    parser.add_argument("--min-reps", type=int, default=20)
+    parser.add_argument("--max-reps", type=int, default=60)
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS)
+    )
+    args = parser.parse_args(argv)
+    if args.min_reps < 20:
+        parser.error("--min-reps must be at least 20")
+    sections = set(args.only.split(","))
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+
+    torch: Any = importlib.import_module("torch")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    if not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rec = Recorder(args.out)
+    rec.meta = device_meta(torch, args)
+    device_name = rec.meta["device"]
+    print(f"device {device_name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
+    torch.manual_seed(0)
+    bench = Bench(torch, args.budget_s, args.min_reps, args.max_reps)
+    rec.meta["ceilings"] = ceilings(torch, bench)
+    print(f"ceilings {rec.meta['ceilings']}", flush=True)
+    attn = Attention(torch)
+    run_checks(attn, rec)
+    split = check_split(torch, rec)
+    rec.flush()
+    runs: dict[str, Callable[[], None]] = {
+        "rider": lambda: run_rider(torch, bench, rec, attn, split),
+        "rider_sdpa": lambda: run_rider(torch, bench, rec, attn, False),
+        "long": lambda: run_attention_long(torch, bench, rec, attn),
+        "long_split": lambda: run_split_long(torch, bench, rec) if split else None,
+        "knee": lambda: run_knee(torch, bench, rec),
+    }
+    for name in SECTIONS:
+        if name not in sections:
+            continue
+        t = time.perf_counter()
+        try:
+            runs[name]()
+        except Exception as exc:  # keep the other sections' results
+            rec.meta.setdefault("section_errors", {})[name] = traceback.format_exc()[-2000:]
+            print(f"!! {name} failed: {type(exc).__name__}: {exc}", flush=True)
+            free_memory(torch)
+        rec.meta["seconds"][name] = round(time.perf_counter() - t, 1)
+        print(f"== {name} done in {rec.meta['seconds'][name]} s ({bench.elapsed():.0f} s)")
+        rec.flush()
+    rec.meta["nvidia_smi_end"] = nvidia_smi()
+    rec.meta["over_peak"] = physics_check(rec, device_name)
+    rec.meta["total_seconds"] = round(bench.elapsed(), 1)
+    rec.meta["graph_capture_failures"] = bench.capture_failures[:50]
+    rec.flush()
+    for line in rec.meta["over_peak"][:20]:
+        print(f"OVER PEAK: {line}", flush=True)
+    print(
+        f"done in {bench.elapsed():.0f} s: "
+        + ", ".join(f"{t}: {len(r)} rows" for t, r in rec.rows.items())
+        + f", {len(rec.skipped)} skipped",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
