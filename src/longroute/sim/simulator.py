@@ -52,6 +52,7 @@ from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
 from longroute.sim.lengths import LengthView, generated_tokens
 from longroute.sim.network import Network
+from longroute.sim.quiet_gc import quiet_gc
 from longroute.sim.replicas import GatewayOptions, ReplicaPicker, watch_engine_caches
 from longroute.sim.sequence import Sequence as EngineSeq
 from longroute.sim.workflows import WorkflowTracker, judge, resolve, true_output_tokens
@@ -234,7 +235,8 @@ class Simulation:
             for user in range(self.clients.num_users):
                 self._start_next_session(user, 0.0)
         self._start_scrapes()
-        self.loop.run()
+        with quiet_gc():
+            self.loop.run()
         records = tuple(sorted(self._records, key=lambda r: (r.arrival_s, r.request_id)))
         return SimResult(
             router=self.router_name,
