@@ -537,9 +537,86 @@ def run_knee(torch: Any, bench: Bench, rec: Recorder) -> None:
         rec.flush()
 
 
+# ---------------------------------------------------------------- MoE experts
+
+# (model, hidden, expert width, experts, experts per token): the MoE model of the
+# gorgo scenarios (data/profiles/models/qwen3.5-35b-a3b.yaml), bf16
+MOE_MODELS = (("qwen3.5-35b-a3b", 2048, 512, 256, 8),)
+MOE_TP = (1, 2)
+MOE_TOKENS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
+
+
+def experts_hit(tokens: int, experts: int, top_k: int) -> int:
+    """Expected distinct experts that ``tokens`` tokens route to, uniform top-k routing:
+    E * (1 - (1 - k/E)^T), the predictor's assumption (runtime_linear.py)."""
+    return max(top_k, round(experts * (1.0 - (1.0 - top_k / experts) ** tokens)))
+
+
+def run_moe(torch: Any, bench: Bench, rec: Recorder) -> None:
+    """One MoE layer's expert GEMMs (gate+up, SiLU*mul, down) as batched GEMMs over
+    the experts hit, each with its even share of the routed tokens (ceil(T*k/hit)
+    rows, as a fused-MoE kernel pads them); router, permutation and shared expert
+    left out. Weights of all experts are allocated; the hit ones are a slice."""
+    F = torch.nn.functional
+    for name, hidden, width, experts, top_k in MOE_MODELS:
+        for tp in MOE_TP:
+            w = width // tp
+            w_gu = _rand(torch, experts, hidden, 2 * w) * 0.02
+            w_down = _rand(torch, experts, w, hidden) * 0.02
+            line = []
+            for tokens in MOE_TOKENS:
+                hit = experts_hit(tokens, experts, top_k)
+                rows = -(-tokens * top_k // hit)
+                point = {"model": name, "tp": tp, "tokens": tokens}
+                if not bench.fits(0.01):
+                    rec.skip("moe_experts", point, "time budget")
+                    continue
+                x = _rand(torch, hit, rows, hidden)
+                gu_w, down_w = w_gu[:hit], w_down[:hit]
+
+                def experts_call(
+                    i: int, x: Any = x, gu_w: Any = gu_w, down_w: Any = down_w, w: int = w
+                ) -> Any:
+                    gu = torch.bmm(x, gu_w)
+                    return torch.bmm(F.silu(gu[..., :w]) * gu[..., w:], down_w)
+
+                try:
+                    r = bench.measure(experts_call)
+                except Exception as exc:
+                    free_memory(torch)
+                    reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
+                    rec.skip("moe_experts", point, reason)
+                    continue
+                t = r["median_us"] * 1e-6
+                weight_bytes = float(BF16 * hit * 3 * hidden * w)
+                flops = 2.0 * hit * rows * 3 * hidden * w
+                rec.add(
+                    "moe_experts",
+                    {
+                        **point,
+                        "hidden": hidden,
+                        "expert_width": w,
+                        "experts": experts,
+                        "top_k": top_k,
+                        "experts_hit": hit,
+                        "rows_per_expert": rows,
+                        "weight_bytes": weight_bytes,
+                        **r,
+                        "tflops": flops / t / 1e12,
+                        "gbps": weight_bytes / t / 1e9,
+                        "kv_bytes": weight_bytes,
+                    },
+                )
+                line.append(f"T{tokens}={r['median_us']:.0f}us")
+            del w_gu, w_down
+            free_memory(torch)
+            print(f"moe {name} tp{tp}: " + " ".join(line), flush=True)
+            rec.flush()
+
+
 # ---------------------------------------------------------------- main
 
-SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa")
+SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa", "moe")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -583,6 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "long": lambda: run_attention_long(torch, bench, rec, attn),
         "long_split": lambda: run_split_long(torch, bench, rec) if split else None,
         "knee": lambda: run_knee(torch, bench, rec),
+        "moe": lambda: run_moe(torch, bench, rec),
     }
     for name in SECTIONS:
         if name not in sections:
