@@ -50,6 +50,7 @@ from longroute.sim.clients import (
 from longroute.sim.engine import EngineModel
 from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
+from longroute.sim.fast_records import new_record, new_request
 from longroute.sim.lengths import LengthView, generated_tokens
 from longroute.sim.network import Network
 from longroute.sim.quiet_gc import quiet_gc
@@ -311,19 +312,19 @@ class Simulation:
             )
             self._dispatch(request, session, turn_index, user, replica=replica)
             return
-        request = Request(
-            request_id=f"{session.session_id}:{turn_index}",  # = query_id_of(...), inlined
-            arrival_s=self.loop.now_s,
-            num_prompt_tokens=turn.num_prompt_tokens,
-            num_output_tokens=expected,
-            block_hashes=turn.block_hashes,
-            block_size_tokens=self.workload.block_size_tokens,
-            max_output_tokens=turn.max_output_tokens,
-            model=turn.model,
-            language=turn.language,
-            task=turn.task,
-            session_id=session.conversation,
-            slo=turn.slo or self.default_slo,
+        request = new_request(  # Request(...) with these fields, at half its cost
+            f"{session.session_id}:{turn_index}",  # = query_id_of(...), inlined
+            self.loop.now_s,
+            turn.num_prompt_tokens,
+            expected,
+            turn.block_hashes,
+            self.workload.block_size_tokens,
+            turn.max_output_tokens,
+            turn.model,
+            turn.language,
+            turn.task,
+            session.conversation,
+            turn.slo or self.default_slo,
         )
         self._dispatch(request, session, turn_index, user, replica=replica)
 
@@ -471,28 +472,28 @@ class Simulation:
             self._workflows.finish(flight.session, flight.turn_index, num_output)
             is_correct = judge(flight.session, flight.turn_index, endpoint.model)
             query_id = None if is_correct is None else request.program_id
-        record = RequestRecord(
-            request_id=request.request_id,
-            session_id=request.session_id,
-            router=self.router_name,
-            endpoint=name,
-            model=endpoint.model,
-            region=endpoint.region,
-            arrival_s=request.arrival_s,
-            dispatch_s=flight.dispatch_s,
-            first_token_s=flight.first_token_s,
-            finish_s=now_s,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens or 0,
-            num_output_tokens=num_output,
-            attempt=request.attempt,
-            num_preemptions=seq.num_preemptions,
-            slo=request.slo,
-            query_id=query_id,
-            is_correct=is_correct,
-            program_id=request.program_id,
-            stage=request.stage,
-            queue_s=seq.queue_s,
+        record = new_record(  # RequestRecord(...), every field in order, at half its cost
+            request.request_id,
+            request.session_id,
+            self.router_name,
+            name,
+            endpoint.model,
+            endpoint.region,
+            request.arrival_s,
+            flight.dispatch_s,
+            flight.first_token_s,
+            now_s,
+            request.num_prompt_tokens,
+            seq.num_cached_tokens or 0,
+            num_output,
+            request.attempt,
+            seq.num_preemptions,
+            request.slo,
+            query_id,
+            is_correct,
+            request.program_id,
+            request.stage,
+            seq.queue_s,
         )
         self._records.append(record)
         for observer in self.observers:
