@@ -36,7 +36,7 @@ from longroute.estimators.profiles import ProfileError
 from longroute.estimators.runtime_measured import MeasuredPredictor
 from longroute.profiling.cli import profile_command
 from longroute.profiling.client import EngineClient, StreamResult
-from longroute.profiling.measure import Prompts, calibrate
+from longroute.profiling.measure import PrefillSample, Prompts, calibrate, make_plan
 from longroute.profiling.run import ProfileOptions, ProfileRun, profile_engine
 from longroute.sim.scenario import run_scenario
 from longroute.types import Endpoint
@@ -367,3 +367,108 @@ def test_a_decode_batch_that_came_in_one_chunk_is_run_again() -> None:
     with pytest.raises(TargetError, match=f"in each of {DECODE_TRIES} tries"):
         run(client)
     assert client.num_calls == 4 * DECODE_TRIES
+
+
+class _BusyMoment:
+    """A client whose decode steps take 10 ms, except the first ``num_busy`` streams',
+    30 ms (another job on the host for a moment); it records each stream's prompt."""
+
+    def __init__(self, num_busy: int) -> None:
+        self.num_busy = num_busy
+        self.prompt_tokens: list[int] = []
+
+    async def stream(self, prompt: str, num_tokens: int, api: str) -> StreamResult:
+        n = len(prompt.split())
+        self.prompt_tokens.append(n)
+        step = 0.03 if len(self.prompt_tokens) <= self.num_busy else 0.01
+        return StreamResult(0.05, 0.05 + step * (num_tokens - 1), num_tokens, n, None, num_tokens)
+
+
+def test_decode_points_are_repeated_interleaved_and_keep_their_fastest_run() -> None:
+    from longroute.profiling.measure import Plan, measure
+
+    points = ((1, 40), (2, 40), (1, 200))
+    plan = Plan((), (), 1, (), points, decode_tokens=8, decode_repeats=3)
+    client = _BusyMoment(num_busy=4)  # the whole first round and more, busy
+    prompts = Prompts(random.Random(0), nonce="n")
+    got = asyncio.run(measure(client, "chat", plan, prompts, random.Random(1), lambda _: None))  # type: ignore[arg-type]
+    assert [(s.batch, s.step_s) for s in got.decode] == [
+        (b, pytest.approx(0.01)) for b, _ in points
+    ]
+    assert len(client.prompt_tokens) == plan.num_requests == 3 * 4
+    # every round holds every point once (4 streams a round), so drift hits them alike
+    for r in range(3):
+        one_round = sorted(client.prompt_tokens[4 * r : 4 * (r + 1)])
+        assert len([n for n in one_round if n > 100]) == 1
+    assert make_plan(2000, 10**6, quick=True).decode_repeats >= 3
+
+
+def _true_ttft_s(n: int) -> float:
+    """A made-up engine's lone TTFT: fixed, per token and per causal pair."""
+    return 0.010 + 3e-5 * n + 2.3e-8 * n * (n + 1) / 2
+
+
+def _drifted_ttft_s(n: int) -> float:
+    """The same engine once the host has drifted: the per-token cost 2.3x (as CI once
+    saw between the fit and the held-out probes), then everything 1.4x slower."""
+    return 1.4 * (0.010 + 2.3 * (_true_ttft_s(n) - 0.010))
+
+
+class _DriftingEngine:
+    """Lone prefills (a prompt's words are its tokens) at :func:`_true_ttft_s` for the
+    first ``num_calm`` requests, at :func:`_drifted_ttft_s` after."""
+
+    def __init__(self, num_calm: int) -> None:
+        self.num_calm = num_calm
+        self.num_calls = 0
+
+    async def stream(self, prompt: str, num_tokens: int, api: str) -> StreamResult:
+        self.num_calls += 1
+        n = len(prompt.split())
+        t = _true_ttft_s(n) if self.num_calls <= self.num_calm else _drifted_ttft_s(n)
+        return StreamResult(t, t, 1, n, 0, num_tokens)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "passes"),
+    [
+        (lambda fit, n: 0.0, True),  # the fit itself
+        (lambda fit, n: 0.3 * _predict(fit, n), False),  # a predictor that misprices it
+        (lambda fit, n: 0.006, False),  # an extra constant
+        (lambda fit, n: -fit.s_per_pair * n * (n + 1) / 2, False),  # no pair term
+    ],
+)
+def test_held_out_lengths_inside_the_profile_defeat_drift_yet_fail_a_wrong_fit(
+    wrong: Any, passes: bool
+) -> None:
+    """tests/test_real_engine_profile.py's design against a fake engine whose host drifts
+    halfway through the prefill phase: its held-out lengths are shuffled in with the
+    grid's, so the right fit passes and wrong ones fail; held-out probes measured after
+    the profile (the design before) would fail even the right fit."""
+    from longroute.profiling.fit import fit_prefill
+    from longroute.profiling.measure import measure
+    from test_real_engine_profile import HELD_OUT_TOKENS, held_out_errors, within_bound
+
+    plan = replace(
+        make_plan(1780, 10**6, quick=True),
+        holdout_tokens=HELD_OUT_TOKENS,
+        cached_tokens=(),
+        decode=(),
+    )
+    num_prefills = (len(plan.prefill_tokens) + len(plan.holdout_tokens)) * plan.repeats
+    engine = _DriftingEngine(num_calm=num_prefills // 2)
+    prompts = Prompts(random.Random(0), nonce="n")
+    m = asyncio.run(measure(engine, "completions", plan, prompts, random.Random(2), lambda _: None))  # type: ignore[arg-type]
+    assert engine.num_calls == num_prefills and len(m.holdout) == len(HELD_OUT_TOKENS)
+    fit = fit_prefill(m.prefill, m.holdout)
+
+    def predict(n: int) -> float:
+        return _predict(fit, n) + float(wrong(fit, n))
+
+    assert within_bound(held_out_errors(predict, m.holdout)) is passes
+    after = [PrefillSample(n, 0, _drifted_ttft_s(n)) for n in HELD_OUT_TOKENS]
+    assert not within_bound(held_out_errors(predict, after))
+
+
+def _predict(fit: Any, n: int) -> float:
+    return float(fit.fixed_s + fit.s_per_token * n + fit.s_per_pair * n * (n + 1) / 2)

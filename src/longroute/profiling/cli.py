@@ -53,8 +53,8 @@ def profile_command(
     prefill_statistic: Annotated[
         str,
         typer.Option(
-            help="Which of a prompt length's repeats the prefill fit takes: 'fastest' (the "
-            "engine's floor) or 'median' (a typical request on this host)."
+            help="Which of a prompt length's (or decode run's) repeats the fits take: "
+            "'fastest' (the engine's floor) or 'median' (a typical request on this host)."
         ),
     ] = "fastest",
 ) -> None:

@@ -16,8 +16,13 @@ Called once per run by :mod:`longroute.profiling.cli`, after the limits are know
 4. **decode**: ``batch`` concurrent streams (1, 2, 4, ...) of equal prompt
    length (short and long context), ``ignore_eos`` and ``decode_tokens`` each; a
    stream's decode step is (last chunk - first chunk) / (completion tokens - 1),
-   which does not depend on how the server groups tokens into chunks; the batch's
-   step is the median over its streams.
+   which does not depend on how the server groups tokens into chunks; a run's
+   step is the median over its streams. The whole grid runs ``decode_repeats``
+   times, each round in a fresh random order (so drift in the host's speed hits
+   every point alike), and each (batch, context) keeps its fastest run (or median,
+   as the prefill): one run is a fraction of a second, and a busy moment of the
+   host's used to move the whole fit (issue 34: a lone step fitted at 5.9 ms where
+   calm requests streamed at 3.4-4.7 ms).
 
 Token counts are always the engine's own (``usage``), never the word estimate.
 """
@@ -32,7 +37,7 @@ import secrets
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from longroute.profiling.client import Api, EngineClient, StreamResult, TargetError
 
@@ -46,7 +51,8 @@ WORD_TEXT = (
 )
 WORDS = tuple(WORD_TEXT.split())
 PrefillStatistic = Literal["fastest", "median"]
-"""Which of a length's repeats is its point: the floor, or the typical request."""
+"""Which of a point's repeats is kept, prefill length or decode run alike: the floor,
+or the typical request."""
 MIN_PROMPT_TOKENS = 32
 DECODE_TRIES = 3
 """Runs of a decode batch before a server whose streams come in one chunk is an error."""
@@ -56,7 +62,7 @@ SHORT_CONTEXT_TOKENS = 64
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The grid: prompt lengths (target tokens), repeats, and the decode runs as
-    (batch, prompt tokens per stream)."""
+    (batch, prompt tokens per stream), each run ``decode_repeats`` times."""
 
     prefill_tokens: tuple[int, ...]
     holdout_tokens: tuple[int, ...]
@@ -65,11 +71,12 @@ class Plan:
     decode: tuple[tuple[int, int], ...]
     decode_tokens: int
     prefill_statistic: PrefillStatistic = "fastest"
+    decode_repeats: int = 1
 
     @property
     def num_requests(self) -> int:
         """Requests the plan sends (the progress bar's total)."""
-        decode = sum(batch for batch, _ in self.decode)
+        decode = sum(batch for batch, _ in self.decode) * self.decode_repeats
         cached = 2 * len(self.cached_tokens)
         prefill = (len(self.prefill_tokens) + len(self.holdout_tokens)) * self.repeats
         return prefill + cached + decode
@@ -91,13 +98,13 @@ def make_plan(
 ) -> Plan:
     """The grid for an engine whose prompts may hold ``max_prompt_tokens`` tokens.
     ``quick``: fewer points and repeats (tests, a first look). ``prefill_statistic``:
-    which repeat of a length is kept (:data:`PrefillStatistic`)."""
+    which repeat of a point is kept (:data:`PrefillStatistic`)."""
     if prefill_statistic not in get_args(PrefillStatistic):
         raise ValueError(
             f"prefill_statistic must be one of {get_args(PrefillStatistic)}, "
             f"got {prefill_statistic!r}"
         )
-    num_points, repeats = (6, 8) if quick else (12, 10)
+    num_points, repeats, decode_repeats = (6, 8, 3) if quick else (12, 10, 5)
     hi = max(MIN_PROMPT_TOKENS + 1, max_prompt_tokens)
     grid = _geometric(MIN_PROMPT_TOKENS, hi, num_points)
     holdout = [math.sqrt(a * b) for a, b in itertools.pairwise(grid)]
@@ -119,6 +126,7 @@ def make_plan(
         decode=tuple(decode),
         decode_tokens=decode_tokens,
         prefill_statistic=prefill_statistic,
+        decode_repeats=decode_repeats,
     )
 
 
@@ -214,24 +222,33 @@ async def measure(
     train = [keep(v) for (_, is_train), v in sorted(by_length.items()) if is_train]
     holdout = [keep(v) for (_, is_train), v in sorted(by_length.items()) if not is_train]
     reports_cached = await _cached(client, api, plan, prompts, train, progress)
-    decode = [
-        await _decode(client, api, prompts, batch, context, plan.decode_tokens, progress)
-        for batch, context in plan.decode
-    ]
+    runs: dict[tuple[int, int], list[DecodeSample]] = {}
+    for _ in range(plan.decode_repeats):
+        for batch, context in rng.sample(plan.decode, len(plan.decode)):
+            step = await _decode(client, api, prompts, batch, context, plan.decode_tokens, progress)
+            runs.setdefault((batch, context), []).append(step)
+    decode = [keep(runs[point]) for point in plan.decode]
     return Measurements(tuple(train), tuple(holdout), tuple(decode), reports_cached)
 
 
-def _fastest(samples: list[PrefillSample]) -> PrefillSample:
-    """One point per length: the fastest of its repeats. Other work on the engine's host
-    only ever adds time, and by minutes at a time on a shared machine; the engine's own
-    cost is the floor, and the floor is what stays put between runs."""
-    return min(samples, key=lambda s: s.ttft_s)
+Sample = TypeVar("Sample", PrefillSample, DecodeSample)
 
 
-def _median(samples: list[PrefillSample]) -> PrefillSample:
-    """One point per length: the repeat with the median TTFT (the lower of the middle two),
-    what a typical request sees on the host as it was while measured."""
-    ordered = sorted(samples, key=lambda s: s.ttft_s)
+def _time(sample: PrefillSample | DecodeSample) -> float:
+    return sample.ttft_s if isinstance(sample, PrefillSample) else sample.step_s
+
+
+def _fastest(samples: list[Sample]) -> Sample:
+    """One point per length or decode run: the fastest of its repeats. Other work on the
+    engine's host only ever adds time, and by minutes at a time on a shared machine; the
+    engine's own cost is the floor, and the floor is what stays put between runs."""
+    return min(samples, key=_time)
+
+
+def _median(samples: list[Sample]) -> Sample:
+    """One point: the repeat with the median time (the lower of the middle two), what a
+    typical request sees on the host as it was while measured."""
+    ordered = sorted(samples, key=_time)
     return ordered[(len(ordered) - 1) // 2]
 
 
