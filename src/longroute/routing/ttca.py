@@ -37,16 +37,20 @@ model both agree. Measured on ``laar`` (seed 10), ``"next-model"`` gave a mean T
 25.7 s against 20.0 s for ``T / Q``, so the geometric form is the default; the cause of
 the gap is not established (docs/ttca.md).
 
-**Staying** (``session_price``, off by default: on ``mixed`` it raised the first-attempt
-cache-hit ratio from 0.84x to 0.91x the best cache-seeking router's, but cost TTFT p95
-and past-capacity latency; docs/ttca.md). Where one candidate holds the longest cached
-prefix of a conversation's turn (its *home*), sending the turn elsewhere is a move, and
-T at every other endpoint adds what the move gives up (issue 35): the expected number
-of turns still to come (:class:`~longroute.estimators.session_turns.SessionTurns`,
-learned from the conversations seen) times (1 + w) times the prefill, at that endpoint,
-of the prefix it does not hold, which each of those turns saves where the prefix stays
-cached. A conversation's expected last turn, or a request of no conversation, pays
-nothing.
+**Moving** (``session_price``, off by default; docs/ttca.md, issue 35). Where one
+candidate holds the longest cached prefix of a turn (its *home*), sending it elsewhere is
+a move. T at the other endpoint already holds the move's one-time cost: the recompute of
+the prefix it does not hold, in its TTFT and its externality. The conversation's later
+turns lose nothing: after this turn the new endpoint holds its whole prefix. What T does
+not hold is the KV the move duplicates: where the new endpoint's cache is full, the copy
+evicts as many tokens of other prefixes, and those conversations pay the recompute once
+if they come back. So T at every other endpoint adds (1 + w) x the share of the
+duplicate that evicts (the endpoint's held blocks in the prefix index against its KV
+capacity) x the share of cached turns that are followed by another (learned:
+R(1) / (1 + R(1)), R the mean residual of the turn counts seen,
+:class:`~longroute.estimators.session_turns.SessionTurns`) x the prefill, at that
+endpoint, of a prefix as long as the duplicate. An earlier version charged the move the
+conversation's expected later turns x that prefill, as if each of them lost its cache.
 
 Tried models rank after untried ones, as in LAAR: a tried endpoint scores
 ``E * tried_penalty ** tries + (largest untried E)``; once every candidate's model
@@ -72,7 +76,10 @@ from longroute.routing.ttca_support import (
     Flight,
     check_params,
     endpoint_time_predictor,
+    evicted_share,
+    kv_capacity_tokens,
     prefer_meeting,
+    reuse_share,
 )
 from longroute.types import Endpoint, EndpointState, Request, RouteDecision
 
@@ -161,6 +168,7 @@ class TtcaRouter(BaseRouter):
         # endpoints timed from the prior (no profile of their own): they share corrections
         self._prior_models: list[EndpointTimeModel] = []
         self._turns = SessionTurns()  # turns per conversation: how many more to expect
+        self._kv_capacity: dict[str, int] = {}  # per endpoint, tokens of KV cache
 
     # ------------------------------------------------------------------ hot path
 
@@ -180,14 +188,11 @@ class TtcaRouter(BaseRouter):
         externality_weight = self.externality_weight
         models = self._models
         home = _home(matched, candidates) if self.session_price else ""
-        stay_s = 0.0  # the later turns' weight on the prefill a move loses (module doc)
+        dup_s = 0.0  # the weight on the prefill of the KV a move duplicates (module doc)
         home_cached = 0
         if home:
             home_cached = min(matched[home] * block, prompt)
-            session = request.session_id
-            if session is not None:
-                turns = self._turns
-                stay_s = first_weight * turns.expected_remaining(turns.turns(session) + 1)
+            dup_s = first_weight * reuse_share(self._turns)
         for state in candidates:
             endpoint = state.endpoint
             name = endpoint.name
@@ -206,10 +211,13 @@ class TtcaRouter(BaseRouter):
                 + (out - 1) * p.tpot_s
                 + externality_weight * p.externality_s
             )
-            if stay_s > 0.0 and name != home:  # a move (module docstring, "Staying")
+            if dup_s > 0.0 and name != home:  # a move (module docstring, "Moving")
                 lost = home_cached - cached
                 if lost > 0:
-                    t += stay_s * model.prefill_alone_s(lost, cached)
+                    held = fleet.prefix_index.num_blocks(name) * block
+                    evicts = evicted_share(held, lost, self._kv_capacity.get(name, 0))
+                    if evicts > 0.0:
+                        t += dup_s * evicts * model.prefill_alone_s(lost, cached)
             m = endpoint.model
             q = q_of.get(m)
             if q is None:
@@ -337,6 +345,7 @@ class TtcaRouter(BaseRouter):
         entry = self._models.get(endpoint.name)
         if entry is None or (entry[0] is not endpoint and entry[0] != endpoint):
             predictor, note = self._predictor(endpoint)
+            self._kv_capacity[endpoint.name] = kv_capacity_tokens(predictor, endpoint)
             model = EndpointTimeModel(
                 predictor, endpoint.max_num_batched_tokens, self.calibration_alpha
             )
@@ -424,6 +433,7 @@ class TtcaRouter(BaseRouter):
         self._models.update(old._models)
         self._flights.update(old._flights)
         self._turns = old._turns
+        self._kv_capacity = {**old._kv_capacity, **self._kv_capacity}
         self._prior_models = old._prior_models + self._prior_models
 
     # ------------------------------------------------------------------ reads

@@ -15,6 +15,7 @@ from longroute.estimators.profiles import (
 )
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.estimators.service_time import EndpointTimeModel, Prediction
+from longroute.estimators.session_turns import SessionTurns
 from longroute.types import Endpoint
 
 PRIOR_MODEL = "llama-3-8b"
@@ -157,3 +158,31 @@ def check_params(
     for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be true or false, got {flag!r}")
+
+
+def kv_capacity_tokens(predictor: RuntimePredictor, endpoint: Endpoint) -> int:
+    """Tokens of KV cache ``endpoint`` holds by its (or its prior's) profile; 0 where the
+    profile cannot say (then the move price takes its cache as full)."""
+    try:
+        return predictor.kv_capacity_tokens(endpoint.gpu_memory_utilization)
+    except ValueError:
+        return 0
+
+
+def evicted_share(held_tokens: int, duplicate_tokens: int, capacity_tokens: int) -> float:
+    """The share of ``duplicate_tokens`` of new KV that evicts other prefixes at an endpoint
+    holding ``held_tokens`` of ``capacity_tokens`` (the prefix index's holdings; they
+    include what runs there): 0 while it fits, 1 once the cache is full."""
+    over = held_tokens + duplicate_tokens - capacity_tokens
+    if over <= 0:
+        return 0.0
+    return 1.0 if over >= duplicate_tokens else over / duplicate_tokens
+
+
+def reuse_share(turns: SessionTurns) -> float:
+    """The share of cached conversation turns that another turn follows: R(1) / (1 + R(1)),
+    R(1) the expected turns after a first (mean turns - 1). It prices an evicted prefix as
+    one that comes back at that rate; evictions take the least recently used prefixes,
+    which come back less often, so it errs towards staying."""
+    after_first = turns.expected_remaining(1)
+    return after_first / (1.0 + after_first)
