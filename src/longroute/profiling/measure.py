@@ -17,12 +17,12 @@ Called once per run by :mod:`longroute.profiling.cli`, after the limits are know
    length (short and long context), ``ignore_eos`` and ``decode_tokens`` each; a
    stream's decode step is (last chunk - first chunk) / (completion tokens - 1),
    which does not depend on how the server groups tokens into chunks; a run's
-   step is the median over its streams. The whole grid runs ``decode_repeats``
-   times, each round in a fresh random order (so drift in the host's speed hits
-   every point alike), and each (batch, context) keeps its fastest run (or median,
-   as the prefill): one run is a fraction of a second, and a busy moment of the
-   host's used to move the whole fit (issue 34: a lone step fitted at 5.9 ms where
-   calm requests streamed at 3.4-4.7 ms).
+   step is the median over its streams. The whole grid runs
+   :data:`DECODE_REPEATS` times, each round in a fresh random order (so drift in
+   the host's speed hits every point alike), and each (batch, context) keeps its
+   fastest run (or median, as the prefill): one run is a fraction of a second, and
+   a busy moment of the host's used to move the whole fit (issue 34: a lone step
+   fitted at 5.9 ms where calm requests streamed at 3.4-4.7 ms).
 
 Token counts are always the engine's own (``usage``), never the word estimate.
 """
@@ -57,6 +57,10 @@ MIN_PROMPT_TOKENS = 32
 DECODE_TRIES = 3
 """Runs of a decode batch before a server whose streams come in one chunk is an error."""
 SHORT_CONTEXT_TOKENS = 64
+DECODE_REPEATS = 5
+"""Rounds of the decode grid, ``--quick`` too: on this 2-core host 3 rounds left the quick
+fit's lone step spread 37% over three profiles, and 5 rounds 12% (issue 34's notes in
+docs/fidelity.md), for ~6 s more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,7 @@ def make_plan(
             f"prefill_statistic must be one of {get_args(PrefillStatistic)}, "
             f"got {prefill_statistic!r}"
         )
-    num_points, repeats, decode_repeats = (6, 8, 3) if quick else (12, 10, 5)
+    num_points, repeats = (6, 8) if quick else (12, 10)
     hi = max(MIN_PROMPT_TOKENS + 1, max_prompt_tokens)
     grid = _geometric(MIN_PROMPT_TOKENS, hi, num_points)
     holdout = [math.sqrt(a * b) for a, b in itertools.pairwise(grid)]
@@ -126,7 +130,7 @@ def make_plan(
         decode=tuple(decode),
         decode_tokens=decode_tokens,
         prefill_statistic=prefill_statistic,
-        decode_repeats=decode_repeats,
+        decode_repeats=DECODE_REPEATS,
     )
 
 
