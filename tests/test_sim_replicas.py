@@ -61,17 +61,19 @@ def _digest(result: SimResult) -> tuple[int, str]:
 # Digests of every record and counter, computed on the simulator before gateway replicas
 # existed (commit 6a31fe8). They cover prefix, load-aware and TTCA routing, a client's
 # retries (laar) and failovers after connection errors (gorgo-congestion). If the simulator's
-# behaviour changes on purpose, recompute them with _digest on the new code (last: issue 34,
-# the GPU profiles' per-step overhead from 2 ms to the measured 0.1 ms). They were
+# behaviour changes on purpose, recompute them with _digest on the new code (issue 34: the
+# GPU profiles' per-step overhead from 2 ms to the measured 0.1 ms; last: `long-sessions`,
+# whose fleet has H100s and H200s, when their GEMM terms were fitted to longroute's own
+# GPU tables). They were
 # computed when routers read true output lengths, so they run under `oracle_lengths: true`
 # (which keeps the simulator bit-identical to then; tests/test_honest_lengths.py).
 GOLDEN = {
     ("long-sessions", 40, 1): {
-        "prefix-cache": (155, "49cc212d83cbd470"),
-        "gorgo": (155, "e44024393de44056"),
+        "prefix-cache": (155, "97eef88e07f882df"),
+        "gorgo": (155, "fc570774740daf3d"),
         # recomputed after 20029dc (GPU step overhead); equal to ttca before issue 35's
         # prices (the session price is off by default)
-        "ttca": (155, "1e3119da129ebc03"),
+        "ttca": (155, "09ccd2521a51a882"),
     },
     ("laar", 60, 0): {"laar": (76, "a7030d6774a2f790")},
     ("gorgo-congestion", 150, 0): {"gorgo": (1322, "c4706cb892f33603")},

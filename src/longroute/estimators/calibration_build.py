@@ -5,6 +5,11 @@
 * Any other bundled GPU (``scaled``): the fit of the first measured GPU in
   :data:`NEAREST` (same memory technology and board class), its efficiencies and
   floors applied to this GPU's own datasheet peaks.
+* H100 and H200 (``calibration_own.OWN_GEMM_GPUS``), when every table is fitted:
+  the four GEMM terms are refitted to longroute's own graph-timed tables of that
+  GPU (``data/profiles/measured``); element-wise kinds keep the Vidur fit (H200:
+  H100's). ``train`` (the held-out split of ``benchmarks/predictor_accuracy.py``)
+  leaves them out, so that split stays a test of the Vidur fit alone.
 * All-reduce: for each worker count the measured topology of that GPU with the
   highest fitted bandwidth (a tensor-parallel group is placed on the best-connected
   GPUs of a node). A GPU that shares its interconnect with a measured one
@@ -14,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -26,6 +32,12 @@ from longroute.estimators.calibration_fit import (
     find_compute_tables,
     fit_allreduce,
     fit_linear,
+)
+from longroute.estimators.calibration_own import (
+    OWN_GEMM_GPUS,
+    fit_own_gemm,
+    measured_dir,
+    read_own_gemm_tables,
 )
 from longroute.estimators.profiles import hardware_profile_names, load_hardware_profile
 
@@ -88,7 +100,50 @@ def calibrate(
             scaled = _scaled(hw_name, out, allreduce)
             if scaled is not None:
                 out[hw_name] = scaled
+    if train is None:
+        for hw_name in OWN_GEMM_GPUS:
+            if hw_name in out and (measured_dir(hw_name) / "gemm.csv").is_file():
+                out[hw_name] = _own_gemm(out[hw_name], progress)
     return out
+
+
+def _own_gemm(base: GpuCalibration, progress: Callable[[str], None] | None) -> GpuCalibration:
+    """``base`` with its GEMM terms fitted to longroute's own tables of that GPU."""
+    name = base.hardware
+    tables = read_own_gemm_tables(name)
+    if progress:
+        progress(f"fitting {name}'s GEMMs to {len(tables)} of longroute's own tables")
+    hw = load_hardware_profile(name)
+    floor, eff, mfu, knee = fit_own_gemm(
+        tables, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
+    )
+    linear = dataclasses.replace(
+        base.linear,
+        gemm_fixed_s=floor,
+        gemm_bandwidth_efficiency=eff,
+        gemm_mfu=mfu,
+        knee_sharpness=knee,
+    )
+    elementwise = (
+        f"element-wise kinds as {base.scaled_from} ({CITATION})"
+        if base.scaled_from
+        else f"element-wise kinds fitted to {', '.join(base.fit_tables)} ({CITATION})"
+    )
+    source = (
+        f"GEMMs fitted to longroute's own {name} tables (data/profiles/measured/{name}: "
+        f"gemm.csv, gemm_knee.csv; scripts/profile_gpu.py, scripts/profile_gpu_long.py); "
+        f"{elementwise}; all-reduce: "
+        + (", ".join(sorted({f.topology for f in base.allreduce})) or "hand-set")
+    )
+    own = (f"longroute/{name}",)
+    return dataclasses.replace(
+        base,
+        basis="measured",
+        scaled_from=None,
+        source=source,
+        linear=linear,
+        fit_tables=base.fit_tables + own,
+    )
 
 
 def _scaled(
