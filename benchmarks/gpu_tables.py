@@ -1,0 +1,362 @@
+"""The runtime predictor against longroute's own GPU tables (H100, H200).
+
+Reads ``src/longroute/data/profiles/measured/<gpu>/`` (made by
+``scripts/profile_gpu.py`` and ``scripts/profile_gpu_long.py``; no GPU needed here)
+and prints, per GPU:
+
+1. **GEMMs**: the shipped calibration (its GEMM terms fitted to these tables,
+   ``calibration_own``) and the Vidur-only fit it replaced, against every measured
+   point, by token band; leave-one-model-out (fit on three models, report on the
+   fourth); and the shipped fit against Vidur's own H100 tables.
+2. **Attention**: the predictor's analytic term, max(FLOPs at ``attention_mfu``,
+   KV bytes at ``bandwidth_efficiency``), against the fastest correct kernel
+   measured at each point (torch's FlashAttention, its split-KV form for short
+   chunks after long contexts, cuDNN), by regime.
+3. **Riders** (Medha's multi-prefill batching, issue 34 item 4): what k tokens of
+   a fresh prefill add to the non-attention work (GEMMs, norms, SiLU, adds) of one
+   layer that runs a late chunk of a long prefill, measured (graph-timed, chunk +
+   k rows against chunk rows) and predicted, per token. The rider's own attention
+   is left out of both: it was timed as a separate call (``rider_attention_us``
+   in the JSON), whose launch floor a varlen kernel does not pay.
+4. **MoE experts**: the predictor's expected-distinct-experts weight stream against
+   batched expert GEMMs (H100 only).
+
+    .venv/bin/python benchmarks/gpu_tables.py
+
+Ends with one JSON object on its last line (figures only; no goals of its own).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from longroute.estimators.calibration import GpuCalibration, LayerShape, LinearFit
+from longroute.estimators.calibration_build import calibrate
+from longroute.estimators.calibration_fit import find_compute_tables
+from longroute.estimators.calibration_own import (
+    GemmTable,
+    fit_own_gemm,
+    measured_dir,
+    own_gemm_errors,
+    read_own_gemm_tables,
+)
+from longroute.estimators.profiles import HardwareProfile, load_hardware_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+VIDUR = ROOT.parent / "shared" / "data" / "profiles" / "vidur"
+GPUS = ("h100", "h200")
+BANDS = ((1, 63), (64, 700), (701, 1 << 20))
+RIDER_MODELS = {  # the layer shards of scripts/profile_gpu_long.py's rider section
+    "llama-3-8b": LayerShape(4096, 32, 8, 128, 14336, 1),
+    "llama-3-70b": LayerShape(8192, 64, 8, 128, 28672, 8),
+}
+HEAD_DIM = 128
+
+
+def _say(message: str) -> None:
+    print(f"  {message} ...", file=sys.stderr, flush=True)
+
+
+def _rows(gpu: str, name: str) -> list[dict[str, str]]:
+    path = measured_dir(gpu) / name
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+# ---------------------------------------------------------------- GEMMs
+
+
+def _band_errors(fit: LinearFit, tables: list[GemmTable], hw: HardwareProfile) -> dict[str, Any]:
+    peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
+    errs = [own_gemm_errors(fit, t, peak, bw) for t in tables]
+    every = np.concatenate(errs)
+    tokens = np.concatenate([t.tokens for t in tables])
+    out: dict[str, Any] = {
+        "mape_pct": round(100 * float(np.mean(np.abs(every))), 1),
+        "worst_pct": round(100 * float(np.max(np.abs(every))), 1),
+        "median_pct": round(100 * float(np.median(every)), 1),
+    }
+    for lo, hi in BANDS:
+        sel = (tokens >= lo) & (tokens <= hi)
+        key = f"median_pct_{lo}_{hi if hi < 1 << 20 else 'up'}"
+        out[key] = round(100 * float(np.median(every[sel])), 1) if sel.any() else None
+    return out
+
+
+def gemm_section(gpu: str, shipped: GpuCalibration, vidur_only: GpuCalibration) -> dict[str, Any]:
+    hw = load_hardware_profile(gpu)
+    tables = read_own_gemm_tables(gpu)
+    out: dict[str, Any] = {
+        "shipped": _band_errors(shipped.linear, tables, hw),
+        "vidur_fit": _band_errors(vidur_only.linear, tables, hw),
+        "knee_sharpness": {
+            "shipped": shipped.linear.knee_sharpness,
+            "vidur_fit": vidur_only.linear.knee_sharpness,
+        },
+    }
+    held: list[np.ndarray] = []
+    for model in sorted({t.model for t in tables}):
+        train = [t for t in tables if t.model != model]
+        test = [t for t in tables if t.model == model]
+        terms = fit_own_gemm(train, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s)
+        fit = LinearFit(*terms, 0.0, 1.0, 1.0, 1.0, 1.0)
+        held += [
+            own_gemm_errors(fit, t, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s)
+            for t in test
+        ]
+    every = np.concatenate(held)
+    out["leave_one_model_out"] = {
+        "mape_pct": round(100 * float(np.mean(np.abs(every))), 1),
+        "worst_pct": round(100 * float(np.max(np.abs(every))), 1),
+    }
+    if gpu == "h100" and VIDUR.is_dir():
+        errs = []
+        for table in find_compute_tables(VIDUR):
+            if table.gpu != "h100":
+                continue
+            for tp in np.unique(table.tp):
+                sel = table.tp == tp
+                shape = table.shape_at(int(tp))
+                pred = np.array(
+                    [
+                        shipped.linear.gemm_time_s(
+                            shape, t, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
+                        )
+                        for t in table.tokens[sel]
+                    ]
+                )
+                errs.append(pred / table.seconds["gemm"][sel] - 1.0)
+        every = np.concatenate(errs)
+        out["on_vidur_h100"] = {
+            "mape_pct": round(100 * float(np.mean(np.abs(every))), 1),
+            "median_pct": round(100 * float(np.median(every)), 1),
+        }
+    return out
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _attention_s(hw: HardwareProfile, hq: int, hkv: int, pairs: float, kv_tokens: float) -> float:
+    flops = 4.0 * hq * HEAD_DIM * pairs
+    kv_bytes = 2.0 * hkv * HEAD_DIM * 2.0 * kv_tokens
+    return max(
+        flops / (hw.peak_flops_per_s * hw.attention_mfu),
+        kv_bytes / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency),
+    )
+
+
+def attention_section(gpu: str) -> dict[str, Any]:
+    hw = load_hardware_profile(gpu)
+    best: dict[tuple[str, int, int], tuple[float, str]] = {}
+    heads: dict[str, tuple[int, int]] = {}
+    for name in ("attention_prefill.csv", "attention_long.csv"):
+        for r in _rows(gpu, name):
+            key = (r["heads"], int(r["q_tokens"]), int(r["context_tokens"]))
+            t = float(r["median_us"]) * 1e-6
+            heads[r["heads"]] = (int(r["q_heads"]), int(r["kv_heads"]))
+            if key not in best or t < best[key][0]:
+                best[key] = (t, r["backend"])
+    regimes: dict[str, list[float]] = defaultdict(list)
+    mfu: dict[str, list[float]] = defaultdict(list)
+    for (label, q, c), (t, _) in best.items():
+        hq, hkv = heads[label]
+        pairs = q * c + q * (q + 1) / 2
+        ratio = _attention_s(hw, hq, hkv, pairs, c + q) / t
+        regime = (
+            "prefill, no context"
+            if c == 0
+            else "chunk of >= 256 after context"
+            if q >= 256
+            else "chunk of 16-128 after 128K-1M"
+        )
+        regimes[regime].append(ratio)
+        mfu[regime].append(4.0 * hq * HEAD_DIM * pairs / t / hw.peak_flops_per_s)
+    decode: list[float] = []
+    for r in _rows(gpu, "attention_decode.csv"):
+        if r["backend"] not in ("flash", "cudnn"):
+            continue
+        b, c = int(r["batch"]), int(r["context_tokens"])
+        hq, hkv = int(r["q_heads"]), int(r["kv_heads"])
+        decode.append(
+            _attention_s(hw, hq, hkv, b * c, b * (c + 1)) / (float(r["median_us"]) * 1e-6)
+        )
+    out: dict[str, Any] = {}
+    for regime, ratios in sorted(regimes.items()):
+        out[regime] = {
+            "points": len(ratios),
+            "predicted_over_measured_median": round(statistics.median(ratios), 3),
+            "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3),
+            "measured_mfu_median": round(statistics.median(mfu[regime]), 3),
+        }
+    if decode:
+        out["decode (flash, cudnn)"] = {
+            "points": len(decode),
+            "predicted_over_measured_median": round(statistics.median(decode), 3),
+            "min": round(min(decode), 3),
+            "max": round(max(decode), 3),
+            "measured_mfu_median": None,
+        }
+    out["attention_mfu"] = hw.attention_mfu
+    out["bandwidth_efficiency"] = hw.bandwidth_efficiency
+    return out
+
+
+# ---------------------------------------------------------------- riders
+
+
+def rider_section(gpu: str, cals: dict[str, GpuCalibration]) -> list[dict[str, Any]]:
+    """Per (model, context, chunk): us per rider token at k = 16, 128, 512, 2048."""
+    hw = load_hardware_profile(gpu)
+    peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
+    rows = [r for r in _rows(gpu, "rider_layer.csv") if r.get("attention") == "flash_split"]
+    by_point: dict[tuple[str, int, int], dict[int, dict[str, str]]] = defaultdict(dict)
+    for r in rows:
+        key = (r["model"], int(r["context_tokens"]), int(r["chunk_tokens"]))
+        by_point[key][int(r["rider_tokens"])] = r
+    out = []
+    for (model, ctx, chunk), riders in sorted(by_point.items()):
+        shape = RIDER_MODELS[model]
+        base = float(riders[0]["linear_us"])
+        entry: dict[str, Any] = {"model": model, "context": ctx, "chunk": chunk}
+        for k in (16, 128, 512, 2048):
+            if k not in riders:
+                continue
+            r = riders[k]
+            measured = float(r["linear_us"]) - base
+            entry[f"measured_us_per_token_k{k}"] = round(measured / k, 3)
+            entry[f"rider_attention_us_k{k}"] = float(r["rider_attention_us"])
+            for name, cal in cals.items():
+                lin = cal.linear
+                grow = lin.layer_time_s(shape, chunk + k, peak, bw)
+                grow -= lin.layer_time_s(shape, chunk, peak, bw)
+                entry[f"{name}_us_per_token_k{k}"] = round(grow * 1e6 / k, 3)
+        out.append(entry)
+    return out
+
+
+# ---------------------------------------------------------------- MoE
+
+
+def moe_section(cal: GpuCalibration) -> list[dict[str, Any]]:
+    hw = load_hardware_profile("h100")
+    peak, bw = hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s
+    lin, out = cal.linear, []
+    for r in _rows("h100", "moe_experts.csv"):
+        weights = float(r["weight_bytes"])
+        tokens, k = int(r["tokens"]), int(r["top_k"])
+        hidden, width = int(r["hidden"]), int(r["expert_width"])
+        flops = 2.0 * tokens * k * 3 * hidden * width  # the routed rows, unpadded
+        t_mem = weights / (bw * lin.gemm_bandwidth_efficiency)
+        t_comp = flops / (peak * lin.gemm_mfu)
+        s = lin.knee_sharpness
+        predicted = lin.gemm_fixed_s + (t_mem**s + t_comp**s) ** (1 / s)
+        measured = float(r["median_us"]) * 1e-6
+        out.append(
+            {
+                "tp": int(r["tp"]),
+                "tokens": tokens,
+                "experts_hit": int(r["experts_hit"]),
+                "measured_us": round(measured * 1e6, 1),
+                "predicted_us": round(predicted * 1e6, 1),
+                "ratio": round(predicted / measured, 3),
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> int:
+    _say("fitting the calibrations (shipped, and Vidur's tables alone)")
+    shipped = calibrate(VIDUR)
+    labels = [t.label for t in find_compute_tables(VIDUR)]
+    vidur_only = calibrate(VIDUR, labels)  # a train list: own GEMM tables left out
+    report: dict[str, Any] = {"gemm": {}, "attention": {}, "riders": {}, "moe": []}
+    for gpu in GPUS:
+        _say(f"{gpu}: GEMMs, leave one model out")
+        report["gemm"][gpu] = gemm_section(gpu, shipped[gpu], vidur_only[gpu])
+        report["attention"][gpu] = attention_section(gpu)
+        report["riders"][gpu] = rider_section(
+            gpu, {"shipped": shipped[gpu], "vidur_fit": vidur_only[gpu]}
+        )
+    report["moe"] = moe_section(shipped["h100"])
+    _print(report)
+    print(json.dumps(report, separators=(",", ":")))
+    return 0
+
+
+def _print(report: dict[str, Any]) -> None:
+    print("GEMMs: predicted / measured - 1 over every point of the GPU's own tables")
+    head = ("gpu", "fit", "knee", "MAPE", "worst", "1-63", "64-700", "701+")
+    print("{:5} {:10} {:>5} {:>6} {:>6} {:>7} {:>7} {:>7}".format(*head))
+    for gpu, g in report["gemm"].items():
+        for name in ("vidur_fit", "shipped"):
+            e = g[name]
+            print(
+                f"{gpu:5} {name:10} {g['knee_sharpness'][name]:5.2f} {e['mape_pct']:5.1f}% "
+                f"{e['worst_pct']:5.1f}% {e['median_pct_1_63']:+6.1f}% "
+                f"{e['median_pct_64_700']:+6.1f}% {e['median_pct_701_up']:+6.1f}%"
+            )
+        lo = g["leave_one_model_out"]
+        print(f"{gpu:5} held out: MAPE {lo['mape_pct']}%, worst {lo['worst_pct']}% (per model)")
+        if "on_vidur_h100" in g:
+            v = g["on_vidur_h100"]
+            print(
+                f"{gpu:5} shipped fit on Vidur's H100 tables: "
+                f"MAPE {v['mape_pct']}%, median {v['median_pct']:+}%"
+            )
+    print("\nAttention: analytic / fastest measured kernel, median [min, max]; measured MFU")
+    for gpu, a in report["attention"].items():
+        mfu, eff = a["attention_mfu"], a["bandwidth_efficiency"]
+        print(f"{gpu} (attention_mfu {mfu}, bandwidth_efficiency {eff})")
+        for regime, v in a.items():
+            if not isinstance(v, dict):
+                continue
+            m = v["measured_mfu_median"]
+            print(
+                f"  {regime:32} {v['predicted_over_measured_median']:5.2f} "
+                f"[{v['min']:.2f}, {v['max']:.2f}]  n={v['points']:3}"
+                + (f"  MFU {m:.2f}" if m is not None else "")
+            )
+    print("\nRiders: us per rider token, one layer's non-attention work after a late chunk")
+    print("(measured / predicted, shipped fit / predicted, Vidur fit)")
+    print("{:24} {:>16} {:>16} {:>16} {:>16}".format("", "k=16", "k=128", "k=512", "k=2048"))
+    for gpu, entries in report["riders"].items():
+        for e in entries:
+            cells = []
+            for k in (16, 128, 512, 2048):
+                m = e.get(f"measured_us_per_token_k{k}")
+                cells.append(
+                    "-"
+                    if m is None
+                    else f"{m:.2f}/{e[f'shipped_us_per_token_k{k}']:.2f}/"
+                    f"{e[f'vidur_fit_us_per_token_k{k}']:.2f}"
+                )
+            label = f"{gpu} {e['model'][6:]:4} {e['context'] // 1024:4}K c{e['chunk']}"
+            print(f"{label:24} " + " ".join(f"{c:>16}" for c in cells))
+    if report["moe"]:
+        print("\nMoE experts (H100, qwen3.5-35b-a3b shapes, bf16): predicted / measured")
+        for tp in sorted({m["tp"] for m in report["moe"]}):
+            cells = [f"T{m['tokens']} {m['ratio']:.2f}" for m in report["moe"] if m["tp"] == tp]
+            print(f"  TP {tp}: " + "  ".join(cells))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
