@@ -11,7 +11,8 @@ and prints, per GPU:
 2. **Attention**: the predictor's analytic term, max(FLOPs at ``attention_mfu``,
    KV bytes at ``bandwidth_efficiency``), against the fastest correct kernel
    measured at each point (torch's FlashAttention, its split-KV form for short
-   chunks after long contexts, cuDNN), by regime.
+   chunks after long contexts, cuDNN, and cuDNN on a chunk after a context as two
+   calls merged), by regime; the kernels that were fastest are counted.
 3. **Riders** (Medha's multi-prefill batching, issue 34 item 4): what k tokens of
    a fresh prefill add to the non-attention work (GEMMs, norms, SiLU, adds) of one
    layer that runs a late chunk of a long prefill, measured (graph-timed, chunk +
@@ -173,19 +174,23 @@ def attention_section(gpu: str) -> dict[str, Any]:
                 best[key] = (t, r["backend"])
     regimes: dict[str, list[float]] = defaultdict(list)
     mfu: dict[str, list[float]] = defaultdict(list)
-    for (label, q, c), (t, _) in best.items():
+    kernels: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (label, q, c), (t, backend) in best.items():
         hq, hkv = heads[label]
         pairs = q * c + q * (q + 1) / 2
         ratio = _attention_s(hw, hq, hkv, pairs, c + q) / t
         regime = (
             "prefill, no context"
             if c == 0
-            else "chunk of >= 256 after context"
-            if q >= 256
-            else "chunk of 16-128 after 128K-1M"
+            else "chunk of 16-128 after context"
+            if q < 256
+            else "chunk of 256-512 after context"
+            if q <= 512
+            else "chunk of >= 1024 after context"
         )
         regimes[regime].append(ratio)
         mfu[regime].append(4.0 * hq * HEAD_DIM * pairs / t / hw.peak_flops_per_s)
+        kernels[regime][backend].append(mfu[regime][-1])
     decode: list[float] = []
     for r in _rows(gpu, "attention_decode.csv"):
         if r["backend"] not in ("flash", "cudnn"):
@@ -203,6 +208,10 @@ def attention_section(gpu: str) -> dict[str, Any]:
             "min": round(min(ratios), 3),
             "max": round(max(ratios), 3),
             "measured_mfu_median": round(statistics.median(mfu[regime]), 3),
+            "fastest_kernels": {
+                k: {"points": len(v), "mfu_median": round(statistics.median(v), 3)}
+                for k, v in sorted(kernels[regime].items())
+            },
         }
     if decode:
         out["decode (flash, cudnn)"] = {
@@ -211,6 +220,7 @@ def attention_section(gpu: str) -> dict[str, Any]:
             "min": round(min(decode), 3),
             "max": round(max(decode), 3),
             "measured_mfu_median": None,
+            "fastest_kernels": {},
         }
     out["attention_mfu"] = hw.attention_mfu
     out["bandwidth_efficiency"] = hw.bandwidth_efficiency
@@ -322,7 +332,8 @@ def _print(report: dict[str, Any]) -> None:
                 f"{gpu:5} shipped fit on Vidur's H100 tables: "
                 f"MAPE {v['mape_pct']}%, median {v['median_pct']:+}%"
             )
-    print("\nAttention: analytic / fastest measured kernel, median [min, max]; measured MFU")
+    print("\nAttention: analytic / fastest measured kernel, median [min, max]; measured MFU;")
+    print("won by: the kernels that were fastest, how often (their median MFU)")
     for gpu, a in report["attention"].items():
         mfu, eff = a["attention_mfu"], a["bandwidth_efficiency"]
         print(f"{gpu} (attention_mfu {mfu}, bandwidth_efficiency {eff})")
@@ -331,10 +342,14 @@ def _print(report: dict[str, Any]) -> None:
                 continue
             m = v["measured_mfu_median"]
             print(
-                f"  {regime:32} {v['predicted_over_measured_median']:5.2f} "
-                f"[{v['min']:.2f}, {v['max']:.2f}]  n={v['points']:3}"
-                + (f"  MFU {m:.2f}" if m is not None else "")
+                f"  {regime:31} {v['predicted_over_measured_median']:4.2f} "
+                f"[{v['min']:.2f}, {v['max']:.2f}] n={v['points']:3}"
+                + (f" MFU {m:.2f}" if m is not None else "")
             )
+            won = v["fastest_kernels"].items()
+            if won:
+                cells = (f"{k} {w['points']} ({w['mfu_median']:.2f})" for k, w in won)
+                print("    won by: " + ", ".join(cells))
     print("\nRiders: us per rider token, one layer's non-attention work after a late chunk")
     print("(measured / predicted, shipped fit / predicted, Vidur fit)")
     print("{:24} {:>16} {:>16} {:>16} {:>16}".format("", "k=16", "k=128", "k=512", "k=2048"))

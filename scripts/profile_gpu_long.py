@@ -6,9 +6,12 @@ predictor's open questions sit outside that grid (issue 34, item 4, Medha's
 multi-prefill batching):
 
 * ``attention_long.csv``: a causal chunk of q = 16..1024 new tokens after
-  128K..1M cached tokens, one layer, batch 1, GQA, flash (and cuDNN where its
-  chunk mask proved bottom-right aligned). A late chunk of a long prefill is
-  this small; is it bandwidth-bound (KV read) or compute-bound (pairs)?
+  128K..1M cached tokens, one layer, batch 1, GQA: torch's FlashAttention
+  (``flash``), the same split over the context as an engine's split-KV kernel
+  runs it (``flash_split``, section ``long_split``), and, section ``long_cudnn``,
+  cuDNN's fused kernel as two calls merged by their log-sum-exp
+  (``cudnn_merged``, q = 16..4096 after 16K..1M). A late chunk of a long prefill
+  is this small; is it bandwidth-bound (KV read) or compute-bound (pairs)?
 * ``rider_layer.csv``: one whole decoder layer (llama-3-8b at TP 1, and
   llama-3-70b's TP 8 shard) running a late chunk of ``chunk_tokens`` after
   ``context_tokens`` together with a *rider*, a fresh prefill of
@@ -255,13 +258,50 @@ class SplitChunk:
         return torch.softmax(s, dim=-1) @ vf
 
 
-def check_split(torch: Any, rec: Recorder) -> bool:
-    """Whether SplitChunk matches a float32 reference (relative error under 2e-2)."""
+class CudnnChunk(SplitChunk):
+    """The same chunk on cuDNN's fused attention, a Hopper-native kernel: the whole
+    context in one non-causal call and the chunk's own tokens in one causal (square,
+    so its top-left mask is the right one) call, each with its log-sum-exp, merged.
+    torch's cuDNN path aligns a causal mask top-left, so one call cannot run a chunk
+    after a context; two calls and a merge can only overstate what one would take."""
+
+    expand_kv = False  # set when cuDNN refuses native GQA (check_split); rows then say so
+
+    def __init__(self, torch: Any, hq: int, hkv: int, q_tokens: int, ctx: int, splits: int = 1):
+        super().__init__(torch, hq, hkv, q_tokens, ctx, 1)
+        self.op = torch.ops.aten._scaled_dot_product_cudnn_attention
+        self.q_fold = None
+        if self.expand_kv:
+            g = hq // hkv
+            self.k_all = self.kc.repeat_interleave(g, dim=1)
+            self.v_all = self.vc.repeat_interleave(g, dim=1)
+        else:
+            self.k_all, self.v_all = self.kc, self.vc
+            self.ks_e, self.vs_e = self.ks, self.vs
+
+    def __call__(self, i: int = 0) -> Any:
+        torch, hq, L = self.torch, self.hq, self.L
+        out_c, lse_c = self.op(self.q, self.k_all, self.v_all, None, True, 0.0, False, False)[:2]
+        out_s, lse_s = self.op(self.q, self.ks_e, self.vs_e, None, True, 0.0, True, False)[:2]
+        lse = torch.stack([lse_c.reshape(hq, L), lse_s.reshape(hq, L)], 0).float()
+        w = torch.exp(lse - lse.amax(0, keepdim=True))
+        out = torch.stack([out_c[0], out_s[0]], 0).float() * w.unsqueeze(-1)
+        return (out.sum(0) / w.sum(0).unsqueeze(-1)).to(torch.bfloat16).unsqueeze(0)
+
+
+CHUNK_KINDS: dict[str, type[SplitChunk]] = {"flash_split": SplitChunk, "cudnn_merged": CudnnChunk}
+CUDNN_Q = (16, 64, 256, 1024, 4096)
+CUDNN_C = (16384, 131072, 1048576)
+
+
+def check_split(torch: Any, rec: Recorder, kind: str = "flash_split") -> bool:
+    """Whether the chunk form ``kind`` matches a float32 reference (relative error
+    under 2e-2)."""
     result = {}
     ok = True
     for _, hq, hkv in HEAD_CONFIGS:
         try:
-            chunk = SplitChunk(torch, hq, hkv, 48, 4096, 8)
+            chunk = CHUNK_KINDS[kind](torch, hq, hkv, 48, 4096, 8)
             err = float((chunk().float() - chunk.reference()).norm() / chunk.reference().norm())
         except Exception as exc:
             result[f"{hq}q{hkv}kv"] = f"failed: {type(exc).__name__}: {exc}"[:200]
@@ -269,19 +309,24 @@ def check_split(torch: Any, rec: Recorder) -> bool:
             continue
         result[f"{hq}q{hkv}kv"] = f"relative error {err:.2e}"
         ok = ok and err < 2e-2
-    rec.meta["split_kv_check"] = result
-    print(f"split-KV check: {result}", flush=True)
+    rec.meta[f"{kind}_check"] = result
+    print(f"{kind} check: {result}", flush=True)
+    if not ok and kind == "cudnn_merged" and not CudnnChunk.expand_kv:
+        CudnnChunk.expand_kv = True  # KV heads repeated: more bytes, same FLOPs
+        rec.meta["cudnn_merged_gqa"] = "expanded"
+        return check_split(torch, rec, kind)
     return ok
 
 
-def run_split_long(torch: Any, bench: Bench, rec: Recorder) -> None:
-    """``attention_long`` rows of backend ``flash_split``: SplitChunk at each point."""
+def run_split_long(torch: Any, bench: Bench, rec: Recorder, kind: str = "flash_split") -> None:
+    """``attention_long`` rows of backend ``kind`` (``CHUNK_KINDS``) at each point."""
+    grid_c, grid_q = (LONG_C, LONG_Q) if kind == "flash_split" else (CUDNN_C, CUDNN_Q)
     for label, hq, hkv in (h for h in HEAD_CONFIGS if h[0] in LONG_HEADS):
         line = []
-        for ctx in LONG_C:
-            for q_len in LONG_Q:
+        for ctx in grid_c:
+            for q_len in grid_q:
                 point = {
-                    "backend": "flash_split",
+                    "backend": kind,
                     "heads": label,
                     "q_tokens": q_len,
                     "context_tokens": ctx,
@@ -292,9 +337,9 @@ def run_split_long(torch: Any, bench: Bench, rec: Recorder) -> None:
                 if not bench.fits(max(flops / 250e12, kv_bytes / 2.5e12) + 5e-5):
                     rec.skip("attention_long", point, "time budget")
                     continue
-                splits = split_count(hq, q_len, ctx)
+                splits = split_count(hq, q_len, ctx) if kind == "flash_split" else 1
                 try:
-                    chunk = SplitChunk(torch, hq, hkv, q_len, ctx, splits)
+                    chunk = CHUNK_KINDS[kind](torch, hq, hkv, q_len, ctx, splits)
                     r = bench.measure(chunk)
                 except Exception as exc:
                     free_memory(torch)
@@ -310,8 +355,10 @@ def run_split_long(torch: Any, bench: Bench, rec: Recorder) -> None:
                         "q_heads": hq,
                         "kv_heads": hkv,
                         "head_dim": HEAD_DIM,
-                        "gqa": "native",
-                        "mask": f"split_kv_{splits}",
+                        "gqa": "expanded"
+                        if kind != "flash_split" and CudnnChunk.expand_kv
+                        else "native",
+                        "mask": f"split_kv_{splits}" if kind == "flash_split" else "merged",
                         "pairs": pairs,
                         "kv_bytes": kv_bytes,
                         **r,
@@ -323,7 +370,7 @@ def run_split_long(torch: Any, bench: Bench, rec: Recorder) -> None:
                 if q_len in (16, 256):
                     line.append(f"q{q_len}c{ctx // 1024}K={r['median_us']:.0f}us")
             free_memory(torch)
-        print(f"long flash_split {label}: " + " ".join(line), flush=True)
+        print(f"long {kind} {label}: " + " ".join(line), flush=True)
         rec.flush()
 
 
@@ -616,7 +663,7 @@ def run_moe(torch: Any, bench: Bench, rec: Recorder) -> None:
 
 # ---------------------------------------------------------------- main
 
-SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa", "moe")
+SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa", "moe", "long_cudnn")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -659,6 +706,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rider_sdpa": lambda: run_rider(torch, bench, rec, attn, False),
         "long": lambda: run_attention_long(torch, bench, rec, attn),
         "long_split": lambda: run_split_long(torch, bench, rec) if split else None,
+        "long_cudnn": lambda: (
+            run_split_long(torch, bench, rec, "cudnn_merged")
+            if check_split(torch, rec, "cudnn_merged")
+            else None
+        ),
         "knee": lambda: run_knee(torch, bench, rec),
         "moe": lambda: run_moe(torch, bench, rec),
     }

@@ -13,7 +13,7 @@ gpu_tables = load_benchmark("gpu_tables.py")
 def test_attention_regimes_cover_the_split_kv_chunks() -> None:
     report = gpu_tables.attention_section("h200")
     regimes = {k for k, v in report.items() if isinstance(v, dict)}
-    assert "chunk of 16-128 after 128K-1M" in regimes and "decode (flash, cudnn)" in regimes
+    assert "chunk of 16-128 after context" in regimes and "decode (flash, cudnn)" in regimes
     for name in regimes:
         v = report[name]
         assert v["points"] > 0 and v["min"] <= v["predicted_over_measured_median"] <= v["max"]
