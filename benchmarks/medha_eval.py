@@ -10,6 +10,7 @@ against Sarathi-FCFS with 2048-token chunks.
 
     python benchmarks/medha_eval.py                 # 0.75 QPS, seeds 0-4 (~5 min on 2 cores)
     python benchmarks/medha_eval.py --loads 0.25,0.75,1.25,1.75   # the load sweep
+    python benchmarks/medha_eval.py --hardware h100 --engines lars,medha   # on H100s
 
 Goals (issue 15), at 0.75 QPS: Medha's short-request TTFT p50 >= 10x and p90
 >= 20x lower than Sarathi-FCFS-2048's (median of per-seed ratios); its decode
@@ -35,6 +36,7 @@ import time
 from typing import Any
 
 from longroute.config import ScenarioConfig
+from longroute.estimators.profiles import ProfileError, load_hardware_profile
 from longroute.metrics.length_classes import DEFAULT_LONG_MIN_TOKENS, summarize_by_length
 from longroute.sim.engine_variants import apply_engine
 from longroute.sim.scenario import load_scenario, run_scenario
@@ -46,18 +48,20 @@ REFERENCE = "sarathi-2048"
 MEDHA = "medha"
 GOAL_LOAD = 0.75
 Job = tuple[float, str, int, int]  # (rate per s, engine, seed, num_sessions)
+HARDWARE: str | None = None  # --hardware: every endpoint of the scenario on this GPU
 Runs = dict[tuple[float, str], list[dict[str, Any]]]  # (load, engine) -> per-seed metrics
 
 
 def _config(rate: float, num_sessions: int) -> ScenarioConfig:
     config = load_scenario("medha")
     params = {**config.workload.params, "num_sessions": num_sessions}
-    return config.model_copy(
-        update={
-            "clients": config.clients.model_copy(update={"rate_per_s": rate}),
-            "workload": config.workload.model_copy(update={"params": params}),
-        }
-    )
+    update: dict[str, Any] = {
+        "clients": config.clients.model_copy(update={"rate_per_s": rate}),
+        "workload": config.workload.model_copy(update={"params": params}),
+    }
+    if HARDWARE is not None:
+        update["fleet"] = [e.model_copy(update={"hardware": HARDWARE}) for e in config.fleet]
+    return config.model_copy(update=update)
 
 
 def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
@@ -222,7 +226,10 @@ def _item4(by: Runs, loads: list[float]) -> dict[str, Any]:
             lower = f"Medha lower on {g['seeds_medha_lower']} of {g['num_seeds']} seeds"
             print(f"  {rate:>5} QPS  {g['lars_over_medha']:>6.2f}x {ci:<16} {lower}")
     slack = slack_answer()
-    print("rider cost in one iteration with a late chunk of a long prefill (50 ms budget):")
+    print(
+        "rider cost in one iteration with a late chunk of a long prefill (50 ms budget"
+        + (", the scenario's own A100s, not --hardware):" if HARDWARE else "):")
+    )
     for context, a in slack.items():
         print(
             f"  {int(context):>9,} context: chunk {a['late_chunk_tokens']}, rider "
@@ -244,11 +251,30 @@ def main() -> int:
     parser.add_argument("--loads", default=str(GOAL_LOAD), help="QPS values, comma-separated")
     parser.add_argument("--sessions", type=int, default=None, help="requests per run")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--hardware", default=None, help="run the scenario's GPUs as this hardware profile"
+    )
+    parser.add_argument(
+        "--engines", default=None, help=f"a subset of the engines, a,b,... ({REFERENCE} is added)"
+    )
     args = parser.parse_args()
+    global HARDWARE
+    HARDWARE = args.hardware
     seeds = parse_seeds(args.seeds)
     loads = [float(x) for x in args.loads.split(",")]
     base = load_scenario("medha")
     engines = list(base.engines or {})
+    if args.engines:
+        unknown = sorted(set(args.engines.split(",")) - set(engines))
+        if unknown:
+            parser.error(f"unknown engine(s) {', '.join(unknown)}; medha has {', '.join(engines)}")
+        chosen = set(args.engines.split(",")) | {REFERENCE}  # every ratio is against it
+        engines = [e for e in engines if e in chosen]
+    if args.hardware is not None:
+        try:
+            load_hardware_profile(args.hardware)
+        except ProfileError as exc:
+            parser.error(str(exc))
     num_sessions = args.sessions or int(base.workload.params["num_sessions"])
     jobs: list[Job] = [(r, e, s, num_sessions) for r in loads for e in engines for s in seeds]
     print(
