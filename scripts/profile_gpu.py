@@ -327,54 +327,62 @@ def gemm_point(
     return bench.measure(lambda i: linear(xs[i % nc], weights[i % nc]), rotate=nc)
 
 
-def run_gemm(torch: Any, bench: Bench, rec: Recorder) -> None:
-    for model in MODELS:
-        for tp in TP_DEGREES:
-            shapes = gemm_shapes(model, tp)
-            if shapes is None:
-                rec.skip("gemm", {"model": model.name, "tp": tp}, "heads do not divide")
-                continue
-            line = []
-            for layer, n, k in shapes:
-                w_bytes = n * k * BF16
-                ncw = copies_for(w_bytes)
-                weights = [
-                    torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(ncw)
-                ]
-                for m_tok in GEMM_TOKENS:
-                    point = {"model": model.name, "tp": tp, "layer": layer, "m_tokens": m_tok}
-                    flops = 2.0 * m_tok * n * k
-                    nbytes = float(BF16 * (m_tok * k + n * k + m_tok * n))
-                    if not bench.fits(flops / 400e12 + 1e-5):
-                        rec.skip("gemm", point, "time budget")
-                        continue
-                    nc = min(ncw, copies_for(w_bytes + BF16 * m_tok * k))
-                    try:
-                        r = gemm_point(torch, bench, weights, m_tok, k, nc)
-                    except Exception as exc:  # one point, not the run
-                        if not is_oom(torch, exc):
-                            raise
-                        free_memory(torch)
-                        rec.skip("gemm", point, "out of memory")
-                        continue
-                    t = r["median_us"] * 1e-6
-                    rec.add(
-                        "gemm",
-                        {
-                            **point,
-                            "n": n,
-                            "k": k,
-                            **r,
-                            "tflops": flops / t / 1e12,
-                            "gbps": nbytes / t / 1e9,
-                            "copies": nc,
-                        },
-                    )
-                    if m_tok in (1, 8192):
-                        line.append(f"{layer}@{m_tok}={r['median_us']:.1f}us")
-                weights = []
-                free_memory(torch)
-            print(f"gemm {model.name} tp{tp}: " + " ".join(line), flush=True)
+def run_gemm(
+    torch: Any,
+    bench: Bench,
+    rec: Recorder,
+    configs: Sequence[tuple[ModelShape, int]] | None = None,
+    tokens: Sequence[int] = GEMM_TOKENS,
+    table: str = "gemm",
+) -> None:
+    """Each (model, TP) shard's four GEMMs at each token count into ``table``; by
+    default every model of MODELS at every degree of TP_DEGREES."""
+    if configs is None:
+        configs = [(model, tp) for model in MODELS for tp in TP_DEGREES]
+    for model, tp in configs:
+        shapes = gemm_shapes(model, tp)
+        if shapes is None:
+            rec.skip(table, {"model": model.name, "tp": tp}, "heads do not divide")
+            continue
+        line = []
+        for layer, n, k in shapes:
+            w_bytes = n * k * BF16
+            ncw = copies_for(w_bytes)
+            weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(ncw)]
+            for m_tok in tokens:
+                point = {"model": model.name, "tp": tp, "layer": layer, "m_tokens": m_tok}
+                flops = 2.0 * m_tok * n * k
+                nbytes = float(BF16 * (m_tok * k + n * k + m_tok * n))
+                if not bench.fits(flops / 400e12 + 1e-5):
+                    rec.skip(table, point, "time budget")
+                    continue
+                nc = min(ncw, copies_for(w_bytes + BF16 * m_tok * k))
+                try:
+                    r = gemm_point(torch, bench, weights, m_tok, k, nc)
+                except Exception as exc:  # one point, not the run
+                    if not is_oom(torch, exc):
+                        raise
+                    free_memory(torch)
+                    rec.skip(table, point, "out of memory")
+                    continue
+                t = r["median_us"] * 1e-6
+                rec.add(
+                    table,
+                    {
+                        **point,
+                        "n": n,
+                        "k": k,
+                        **r,
+                        "tflops": flops / t / 1e12,
+                        "gbps": nbytes / t / 1e9,
+                        "copies": nc,
+                    },
+                )
+                if m_tok in (1, tokens[-1]):
+                    line.append(f"{layer}@{m_tok}={r['median_us']:.1f}us")
+            weights = []
+            free_memory(torch)
+        print(f"{table} {model.name} tp{tp}: " + " ".join(line), flush=True)
         rec.flush()
 
 
@@ -541,6 +549,35 @@ def attention_point(
     )
 
 
+def attention_row(
+    point: Mapping[str, object],
+    heads: tuple[int, int],
+    modes: tuple[str, str],
+    pairs: float,
+    kv_bytes: float,
+    r: Mapping[str, float],
+    moved_bytes: float,
+    copies: int,
+) -> dict[str, object]:
+    """One row of the prefill attention tables: ``heads`` = (q, kv) heads, ``modes`` =
+    (gqa, mask); TFLOP/s from the pairs, GB/s from ``moved_bytes``, at the median."""
+    t = r["median_us"] * 1e-6
+    return {
+        **point,
+        "q_heads": heads[0],
+        "kv_heads": heads[1],
+        "head_dim": HEAD_DIM,
+        "gqa": modes[0],
+        "mask": modes[1],
+        "pairs": pairs,
+        "kv_bytes": kv_bytes,
+        **r,
+        "tflops": 4.0 * heads[0] * HEAD_DIM * pairs / t / 1e12,
+        "gbps": moved_bytes / t / 1e9,
+        "copies": copies,
+    }
+
+
 def run_prefill(torch: Any, bench: Bench, rec: Recorder, attn: Attention, secondary: bool) -> None:
     primary = ["flash", "cudnn"] if attn.cudnn_bottom_right else ["flash"]
     backends = [b for b in attn.backends if (b not in primary) == secondary]
@@ -584,26 +621,13 @@ def run_prefill(torch: Any, bench: Bench, rec: Recorder, attn: Attention, second
                         reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
                         rec.skip("attention_prefill", point, reason)
                         continue
-                    t = r["median_us"] * 1e-6
-                    rec.add(
-                        "attention_prefill",
-                        {
-                            **point,
-                            "q_heads": hq,
-                            "kv_heads": hkv,
-                            "head_dim": HEAD_DIM,
-                            "gqa": attn.gqa_mode[backend],
-                            "mask": attn.mask_mode(backend, ctx),
-                            "pairs": pairs,
-                            "kv_bytes": kv_bytes,
-                            **r,
-                            "tflops": flops / t / 1e12,
-                            "gbps": (kv_bytes + io_bytes) / t / 1e9,
-                            "copies": nc,
-                        },
+                    modes = (attn.gqa_mode[backend], attn.mask_mode(backend, ctx))
+                    row = attention_row(
+                        point, (hq, hkv), modes, pairs, kv_bytes, r, kv_bytes + io_bytes, nc
                     )
+                    rec.add("attention_prefill", row)
                     if ctx in (0, 65536) and q_len == 2048:
-                        line.append(f"q{q_len}c{ctx}={flops / t / 1e12:.0f}TF/s")
+                        line.append(f"q{q_len}c{ctx}={row['tflops']:.0f}TF/s")
                 free_memory(torch)
             print(f"prefill {backend} {label}: " + " ".join(line), flush=True)
             rec.flush()
@@ -866,6 +890,61 @@ def device_meta(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def start(args: argparse.Namespace) -> tuple[Any, Recorder, Bench] | None:
+    """torch, the recorder (device meta filled in) and the bench, after the ceilings;
+    None without a CUDA device."""
+    torch: Any = importlib.import_module("torch")
+    # SDPA explains at length why a forced backend refused a call; the checks record it
+    warnings.filterwarnings("ignore", category=UserWarning)
+    if not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rec = Recorder(args.out)
+    rec.meta = device_meta(torch, args)
+    device = rec.meta["device"]
+    print(f"device {device}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
+    torch.manual_seed(0)
+    bench = Bench(torch, args.budget_s, args.min_reps, args.max_reps)
+    rec.meta["ceilings"] = ceilings(torch, bench)
+    print(f"ceilings {rec.meta['ceilings']}", flush=True)
+    rec.flush()
+    return torch, rec, bench
+
+
+def section(torch: Any, rec: Recorder, bench: Bench, name: str, fn: Callable[[], object]) -> None:
+    """Run one section; a failure is recorded in meta and the other sections go on."""
+    t = time.perf_counter()
+    try:
+        fn()
+    except Exception as exc:  # keep the other sections' results
+        rec.meta.setdefault("section_errors", {})[name] = traceback.format_exc()[-2000:]
+        print(f"!! {name} failed: {type(exc).__name__}: {exc}", flush=True)
+        free_memory(torch)
+    rec.meta["seconds"][name] = round(time.perf_counter() - t, 1)
+    took = rec.meta["seconds"][name]
+    print(f"== {name} done in {took} s ({bench.elapsed():.0f} s)", flush=True)
+    rec.flush()
+
+
+def finish(rec: Recorder, bench: Bench) -> None:
+    """The end of a run: clocks, the datasheet check, totals, one summary line."""
+    rec.meta["nvidia_smi_end"] = nvidia_smi()
+    bad = physics_check(rec, rec.meta["device"])
+    rec.meta["over_peak"] = bad
+    rec.meta["total_seconds"] = round(bench.elapsed(), 1)
+    rec.meta["graph_capture_failures"] = bench.capture_failures[:50]
+    rec.flush()
+    for line in bad[:20]:
+        print(f"OVER PEAK: {line}", flush=True)
+    print(
+        f"done in {bench.elapsed():.0f} s: "
+        + ", ".join(f"{t}: {len(r)} rows" for t, r in rec.rows.items())
+        + f", {len(rec.skipped)} skipped",
+        flush=True,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for CSVs and meta.json")
@@ -884,63 +963,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.min_reps < 20:
         parser.error("--min-reps must be at least 20")
     sections = set(args.only.split(","))
-
-    torch: Any = importlib.import_module("torch")
-    # SDPA explains at length why a forced backend refused a call; the checks record it
-    warnings.filterwarnings("ignore", category=UserWarning)
-    if not torch.cuda.is_available():
-        print("no CUDA device", file=sys.stderr)
+    started = start(args)
+    if started is None:
         return 1
-    torch.backends.cuda.matmul.allow_tf32 = False
-    rec = Recorder(args.out)
-    rec.meta = device_meta(torch, args)
-    device_name = rec.meta["device"]
-    print(f"device {device_name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
-    torch.manual_seed(0)
-    bench = Bench(torch, args.budget_s, args.min_reps, args.max_reps)
-    rec.meta["ceilings"] = ceilings(torch, bench)
-    print(f"ceilings {rec.meta['ceilings']}", flush=True)
-    rec.flush()
+    torch, rec, bench = started
 
-    def section(name: str, fn: Callable[[], None]) -> None:
-        if name not in sections:
-            return
-        t = time.perf_counter()
-        try:
-            fn()
-        except Exception as exc:  # keep the other sections' results
-            rec.meta.setdefault("section_errors", {})[name] = traceback.format_exc()[-2000:]
-            print(f"!! {name} failed: {type(exc).__name__}: {exc}", flush=True)
-            free_memory(torch)
-        rec.meta["seconds"][name] = round(time.perf_counter() - t, 1)
-        took = rec.meta["seconds"][name]
-        print(f"== {name} done in {took} s ({bench.elapsed():.0f} s)", flush=True)
-        rec.flush()
+    def run(name: str, fn: Callable[[], object]) -> None:
+        if name in sections:
+            section(torch, rec, bench, name, fn)
 
-    section("gemm", lambda: run_gemm(torch, bench, rec))
+    run("gemm", lambda: run_gemm(torch, bench, rec))
     rec.meta["nvidia_smi_after_gemm"] = nvidia_smi()
     attn = Attention(torch)
-    section("checks", lambda: run_checks(attn, rec))
-    section("decode", lambda: run_decode(torch, bench, rec, attn))
-    section("layer", lambda: run_layer(torch, bench, rec, attn))
-    section("prefill", lambda: run_prefill(torch, bench, rec, attn, secondary=False))
-    section("prefill2", lambda: run_prefill(torch, bench, rec, attn, secondary=True))
-    rec.meta["nvidia_smi_end"] = nvidia_smi()
+    run("checks", lambda: run_checks(attn, rec))
+    run("decode", lambda: run_decode(torch, bench, rec, attn))
+    run("layer", lambda: run_layer(torch, bench, rec, attn))
+    run("prefill", lambda: run_prefill(torch, bench, rec, attn, secondary=False))
+    run("prefill2", lambda: run_prefill(torch, bench, rec, attn, secondary=True))
     rec.meta["ceilings_end"] = ceilings(torch, bench)  # the first pass may catch idle clocks
     print(f"ceilings at the end {rec.meta['ceilings_end']}", flush=True)
-    bad = physics_check(rec, device_name)
-    rec.meta["over_peak"] = bad
-    rec.meta["total_seconds"] = round(bench.elapsed(), 1)
-    rec.meta["graph_capture_failures"] = bench.capture_failures[:50]
-    rec.flush()
-    for line in bad[:20]:
-        print(f"OVER PEAK: {line}", flush=True)
-    print(
-        f"done in {bench.elapsed():.0f} s: "
-        + ", ".join(f"{t}: {len(r)} rows" for t, r in rec.rows.items())
-        + f", {len(rec.skipped)} skipped",
-        flush=True,
-    )
+    finish(rec, bench)
     return 0
 
 

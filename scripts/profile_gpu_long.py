@@ -37,11 +37,7 @@ skipped and listed in ``meta.json``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-import time
-import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,16 +54,16 @@ from profile_gpu import (
     Bench,
     ModelShape,
     Recorder,
-    ceilings,
+    attention_row,
     copies_for,
-    device_meta,
+    finish,
     free_memory,
-    gemm_point,
     gemm_shapes,
     is_oom,
-    nvidia_smi,
-    physics_check,
     run_checks,
+    run_gemm,
+    section,
+    start,
 )
 
 LONG_Q = (16, 32, 64, 128, 256, 512, 1024)
@@ -129,23 +125,10 @@ def run_attention_long(torch: Any, bench: Bench, rec: Recorder, attn: Attention)
                         reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
                         rec.skip("attention_long", point, reason)
                         continue
-                    t = r["median_us"] * 1e-6
+                    modes = (attn.gqa_mode[backend], attn.mask_mode(backend, ctx))
                     rec.add(
                         "attention_long",
-                        {
-                            **point,
-                            "q_heads": hq,
-                            "kv_heads": hkv,
-                            "head_dim": HEAD_DIM,
-                            "gqa": attn.gqa_mode[backend],
-                            "mask": attn.mask_mode(backend, ctx),
-                            "pairs": pairs,
-                            "kv_bytes": kv_bytes,
-                            **r,
-                            "tflops": flops / t / 1e12,
-                            "gbps": kv_bytes / t / 1e9,
-                            "copies": nc,
-                        },
+                        attention_row(point, (hq, hkv), modes, pairs, kv_bytes, r, kv_bytes, nc),
                     )
                     if q_len in (16, 256):
                         line.append(f"q{q_len}c{ctx // 1024}K={r['median_us']:.0f}us")
@@ -347,25 +330,14 @@ def run_split_long(torch: Any, bench: Bench, rec: Recorder, kind: str = "flash_s
                     rec.skip("attention_long", point, reason)
                     continue
                 del chunk
-                t = r["median_us"] * 1e-6
+                expanded = kind != "flash_split" and CudnnChunk.expand_kv
+                modes = (
+                    "expanded" if expanded else "native",
+                    f"split_kv_{splits}" if kind == "flash_split" else "merged",
+                )
                 rec.add(
                     "attention_long",
-                    {
-                        **point,
-                        "q_heads": hq,
-                        "kv_heads": hkv,
-                        "head_dim": HEAD_DIM,
-                        "gqa": "expanded"
-                        if kind != "flash_split" and CudnnChunk.expand_kv
-                        else "native",
-                        "mask": f"split_kv_{splits}" if kind == "flash_split" else "merged",
-                        "pairs": pairs,
-                        "kv_bytes": kv_bytes,
-                        **r,
-                        "tflops": flops / t / 1e12,
-                        "gbps": kv_bytes / t / 1e9,
-                        "copies": 1,
-                    },
+                    attention_row(point, (hq, hkv), modes, pairs, kv_bytes, r, kv_bytes, 1),
                 )
                 if q_len in (16, 256):
                     line.append(f"q{q_len}c{ctx // 1024}K={r['median_us']:.0f}us")
@@ -550,38 +522,8 @@ def run_rider(torch: Any, bench: Bench, rec: Recorder, attn: Attention, split: b
 
 
 def run_knee(torch: Any, bench: Bench, rec: Recorder) -> None:
-    for name, tp in KNEE_CONFIGS:
-        shapes = gemm_shapes(_model(name), tp) or []
-        for layer, n, k in shapes:
-            w_bytes = n * k * BF16
-            ncw = copies_for(w_bytes)
-            weights = [_rand(torch, n, k) for _ in range(ncw)]
-            for m_tok in KNEE_TOKENS:
-                point = {"model": name, "tp": tp, "layer": layer, "m_tokens": m_tok}
-                if not bench.fits(2e-4):
-                    rec.skip("gemm_knee", point, "time budget")
-                    continue
-                nc = min(ncw, copies_for(w_bytes + BF16 * m_tok * k))
-                r = gemm_point(torch, bench, weights, m_tok, k, nc)
-                t = r["median_us"] * 1e-6
-                flops = 2.0 * m_tok * n * k
-                nbytes = float(BF16 * (m_tok * k + n * k + m_tok * n))
-                rec.add(
-                    "gemm_knee",
-                    {
-                        **point,
-                        "n": n,
-                        "k": k,
-                        **r,
-                        "tflops": flops / t / 1e12,
-                        "gbps": nbytes / t / 1e9,
-                        "copies": nc,
-                    },
-                )
-            weights = []
-            free_memory(torch)
-            print(f"knee {name} tp{tp} {layer}: {len(KNEE_TOKENS)} points", flush=True)
-        rec.flush()
+    configs = [(_model(name), tp) for name, tp in KNEE_CONFIGS]
+    run_gemm(torch, bench, rec, configs, KNEE_TOKENS, "gemm_knee")
 
 
 # ---------------------------------------------------------------- MoE experts
@@ -683,25 +625,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
 
-    torch: Any = importlib.import_module("torch")
-    warnings.filterwarnings("ignore", category=UserWarning)
-    if not torch.cuda.is_available():
-        print("no CUDA device", file=sys.stderr)
+    started = start(args)
+    if started is None:
         return 1
-    torch.backends.cuda.matmul.allow_tf32 = False
-    rec = Recorder(args.out)
-    rec.meta = device_meta(torch, args)
-    device_name = rec.meta["device"]
-    print(f"device {device_name}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
-    torch.manual_seed(0)
-    bench = Bench(torch, args.budget_s, args.min_reps, args.max_reps)
-    rec.meta["ceilings"] = ceilings(torch, bench)
-    print(f"ceilings {rec.meta['ceilings']}", flush=True)
+    torch, rec, bench = started
     attn = Attention(torch)
     run_checks(attn, rec)
     split = check_split(torch, rec)
     rec.flush()
-    runs: dict[str, Callable[[], None]] = {
+    runs: dict[str, Callable[[], object]] = {
         "rider": lambda: run_rider(torch, bench, rec, attn, split),
         "rider_sdpa": lambda: run_rider(torch, bench, rec, attn, False),
         "long": lambda: run_attention_long(torch, bench, rec, attn),
@@ -715,31 +647,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "moe": lambda: run_moe(torch, bench, rec),
     }
     for name in SECTIONS:
-        if name not in sections:
-            continue
-        t = time.perf_counter()
-        try:
-            runs[name]()
-        except Exception as exc:  # keep the other sections' results
-            rec.meta.setdefault("section_errors", {})[name] = traceback.format_exc()[-2000:]
-            print(f"!! {name} failed: {type(exc).__name__}: {exc}", flush=True)
-            free_memory(torch)
-        rec.meta["seconds"][name] = round(time.perf_counter() - t, 1)
-        print(f"== {name} done in {rec.meta['seconds'][name]} s ({bench.elapsed():.0f} s)")
-        rec.flush()
-    rec.meta["nvidia_smi_end"] = nvidia_smi()
-    rec.meta["over_peak"] = physics_check(rec, device_name)
-    rec.meta["total_seconds"] = round(bench.elapsed(), 1)
-    rec.meta["graph_capture_failures"] = bench.capture_failures[:50]
-    rec.flush()
-    for line in rec.meta["over_peak"][:20]:
-        print(f"OVER PEAK: {line}", flush=True)
-    print(
-        f"done in {bench.elapsed():.0f} s: "
-        + ", ".join(f"{t}: {len(r)} rows" for t, r in rec.rows.items())
-        + f", {len(rec.skipped)} skipped",
-        flush=True,
-    )
+        if name in sections:
+            section(torch, rec, bench, name, runs[name])
+    finish(rec, bench)
     return 0
 
 
