@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -180,10 +179,9 @@ def test_art_chat_knobs_change_the_workload_and_are_checked() -> None:
         art_chat(num_sessions=0, seed=0)
 
 
-def test_art_chat_generates_5000_sessions_quickly() -> None:
-    start = time.perf_counter()
+def test_art_chat_generates_5000_sessions() -> None:
+    """Its speed is benchmarks/workload_speed.py's (a timed test flaked on a loaded host)."""
     workload = art_chat(num_sessions=5000, seed=1)
-    assert time.perf_counter() - start < 5.0
     assert len(workload.sessions) == 5000
 
 

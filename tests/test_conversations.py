@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -132,9 +131,7 @@ def test_the_bundled_excerpt_has_fewer_conversations_than_requests() -> None:
 
 @pytest.mark.skipif(not FULL_MOONCAKE.exists(), reason=f"needs the full trace at {FULL_MOONCAKE}")
 def test_the_full_mooncake_trace_conversations() -> None:
-    started = time.perf_counter()
-    workload = read_mooncake(FULL_MOONCAKE)
-    assert time.perf_counter() - started < 1.0
+    workload = read_mooncake(FULL_MOONCAKE)  # its speed: benchmarks/workload_speed.py
     sizes = _requests_per_conversation(workload)
     assert sum(sizes.values()) == 2758  # conversations of 3,993 requests
     assert sizes[1] == 2503 and max(sizes) == 24

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import time
 
 import numpy as np
 import pytest
@@ -107,10 +106,8 @@ def test_deterministic_per_seed_and_different_across_seeds() -> None:
     assert WORKLOADS.build("medha-mix", {"num_sessions": 500}, seed=11) == a
 
 
-def test_two_thousand_sessions_build_fast() -> None:
-    start = time.perf_counter()
-    workload = medha_mix(num_sessions=2000, seed=0)
-    assert time.perf_counter() - start < 2.0  # ~0.1 s: ~100 prompts of up to 4K blocks
+def test_two_thousand_sessions_hold_prompts_of_half_a_million_tokens() -> None:
+    workload = medha_mix(num_sessions=2000, seed=0)  # its speed: benchmarks/workload_speed.py
     assert max(t.num_prompt_tokens for t in _turns(workload)) > 500_000
 
 
