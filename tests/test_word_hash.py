@@ -93,3 +93,11 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+
+
+def test_vectorized_chain_equals_the_python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    words = _words(16 * 500 + 7, seed=5)
+    vectorized = chain_word_block_hashes(words, 16)
+    monkeypatch.setattr(word_hash, "_IS_EXACT", False)  # every block by the Python loop
+    assert chain_word_block_hashes(words, 16) == vectorized
+    assert len(set(vectorized)) == len(vectorized)
