@@ -363,8 +363,57 @@ def test_granting_fleet_computes_each_grants_candidates_once_with_the_same_grant
     assert plain_computed - pinned_computed == num_routed
 
 
-def test_a_long_prompts_blocks_reach_the_index_at_the_loops_next_turn() -> None:
-    from longroute.gateway.granting_fleet import DEFERRED_INSERT_BLOCKS
+@pytest.mark.parametrize("router_name", ["prefix-cache", "gorgo"])
+def test_waiting_inserts_route_as_inserts_at_dispatch(router_name: str) -> None:
+    """Long prompts sharing documents, granted and finished in a loop that sometimes
+    turns and sometimes waits past the delay: the same grants as a plain FleetView, whose
+    inserts happen at dispatch."""
+    from longroute.gateway.granting_fleet import DEFERRED_INSERT_BLOCKS, LATE_INSERT_DELAY_S
+
+    def prompt(i: int, rng: random.Random) -> Request:
+        doc = rng.randrange(4)
+        shared = tuple(range(doc * 10**6, doc * 10**6 + DEFERRED_INSERT_BLOCKS))
+        own = tuple(range(10**8 + i * 1000, 10**8 + i * 1000 + rng.randrange(0, 300)))
+        hashes = shared + own
+        return Request(f"r{i}", float(i), 16 * len(hashes), 8, model="m",
+                       block_hashes=hashes, block_size_tokens=16)  # fmt: skip
+
+    async def run(fleet_class: type[FleetView]) -> list[str | None]:
+        fleet = fleet_class([Endpoint(name, "m", "h", "r") for name in "abc"])
+        router = ROUTERS.build(router_name, rng=random.Random(0))
+        admission = Admission(
+            fleet, router, dict.fromkeys("abc", 3), max_queue=10, queue_policy="fcfs",
+            clock=SimClock(), observe_decision_s=lambda _: None,
+        )  # fmt: skip
+        rng = random.Random(7)
+        granted: list[str | None] = []
+        held: list[Any] = []
+        for i in range(120):
+            grant = admission.try_grant(prompt(i, rng), ())
+            granted.append(None if grant is None else grant.endpoint)
+            if grant is not None:
+                held.append(grant)
+            while held and rng.random() < 0.5:
+                done = held.pop(rng.randrange(len(held)))
+                admission.finish(done.request, done.endpoint, has_first_byte=True, is_ok=True)
+            pause = rng.random()
+            if pause < 0.3:
+                await asyncio.sleep(0)
+            elif pause < 0.4:
+                await asyncio.sleep(1.5 * LATE_INSERT_DELAY_S)
+        return granted
+
+    plain = asyncio.run(run(FleetView))
+    assert asyncio.run(run(GrantingFleet)) == plain
+    assert len(set(plain)) >= 3
+
+
+def test_a_long_prompts_blocks_reach_the_index_when_the_loop_would_wait() -> None:
+    from longroute.gateway.granting_fleet import (
+        DEFERRED_INSERT_BLOCKS,
+        LATE_INSERT_DELAY_S,
+        MAX_PENDING_INSERTS,
+    )
 
     endpoints = [Endpoint(name, "m", "h", "r") for name in "ab"]
     long_hashes = tuple(range(1, DEFERRED_INSERT_BLOCKS + 1))
@@ -373,24 +422,50 @@ def test_a_long_prompts_blocks_reach_the_index_at_the_loops_next_turn() -> None:
     def request(rid: str, hashes: tuple[int, ...]) -> Request:
         return Request(rid, 0.0, 16 * len(hashes), 8, block_hashes=hashes, block_size_tokens=16)
 
+    def hashes_from(first: int) -> tuple[int, ...]:
+        return tuple(range(first, first + DEFERRED_INSERT_BLOCKS))
+
     async def scenario() -> None:
         fleet = GrantingFleet(endpoints)
+        index = fleet._index  # the index itself: reading it applies nothing
         fleet.record_dispatch(request("short", short_hashes), "a", 0.0)
-        assert fleet.prefix_index.match(short_hashes) == {"a": len(short_hashes)}  # at once
+        assert index.match(short_hashes) == {"a": len(short_hashes)}  # at once
         fleet.record_dispatch(request("long", long_hashes), "b", 0.0)
-        assert fleet.prefix_index.match(long_hashes) == {}  # not on the request's path
+        assert index.match(long_hashes) == {}  # not on the request's path
+        assert fleet.num_pending_inserts == 1
         assert fleet.state("b").num_inflight_requests == 1  # the load is counted now
-        await asyncio.sleep(0)
+        # a read (every router's) applies it first: decisions see every dispatched prompt
         assert fleet.prefix_index.match(long_hashes) == {"b": len(long_hashes)}
-        # an endpoint removed (a reload) before the loop's next turn learns nothing
-        other = (*long_hashes[:-1], 0)
-        fleet.record_dispatch(request("late", other), "a", 0.0)
-        fleet.set_endpoints([endpoints[1]])
+        assert fleet.num_pending_inserts == 0
+        # an answer's end applies it at the loop's next turn, after the answer is written
+        done = request("done", hashes_from(20_000))
+        fleet.record_dispatch(done, "a", 1.0)
+        fleet.record_complete(done, "a", is_prefill_counted=True)
+        assert fleet.num_pending_inserts == 1
         await asyncio.sleep(0)
+        assert index.match(done.block_hashes) == {"a": len(done.block_hashes)}
+        # no answer yet (an engine prefilling): LATE_INSERT_DELAY_S after the dispatch
+        slow = hashes_from(30_000)
+        fleet.record_dispatch(request("slow", slow), "b", 2.0)
+        await asyncio.sleep(0)
+        assert fleet.num_pending_inserts == 1
+        await asyncio.sleep(2 * LATE_INSERT_DELAY_S)
+        assert index.match(slow) == {"b": len(slow)}
+        # an endpoint removed (a reload) before its insert ran learns nothing
+        other = (*long_hashes[:-1], 0)
+        fleet.record_dispatch(request("late", other), "a", 3.0)
+        fleet.set_endpoints([endpoints[1]])
+        await asyncio.sleep(2 * LATE_INSERT_DELAY_S)
         assert "a" not in fleet.prefix_index.match(other)
+        # bounded: at most MAX_PENDING_INSERTS wait
+        for i in range(MAX_PENDING_INSERTS + 3):
+            fleet.record_dispatch(request(f"many-{i}", hashes_from(100_000 * (i + 1))), "b", 4.0)
+            assert fleet.num_pending_inserts < MAX_PENDING_INSERTS
+        assert index.match(hashes_from(100_000)) == {"b": DEFERRED_INSERT_BLOCKS}
 
     asyncio.run(scenario())
     # without a running loop (a synchronous caller) the insert happens at once
     fleet = GrantingFleet(endpoints)
     fleet.record_dispatch(request("sync", long_hashes), "a", 0.0)
+    assert fleet.num_pending_inserts == 0
     assert fleet.prefix_index.match(long_hashes) == {"a": len(long_hashes)}
