@@ -11,7 +11,8 @@ with 16 tokens, streamed as 16 SSE chunks or as one JSON body), and
   the three;
 * ``envoy + epp REF`` (with ``--baseline REF``): the same, with the picker and
   the Envoy config of commit REF (a temporary git worktree);
-* ``longroute serve``: the gateway (prefix-cache) in front of the three.
+* ``longroute serve``: the gateway (prefix-cache) in front of the three;
+* ``longroute serve REF`` (with ``--baseline REF``): the gateway of commit REF.
 
 Two loads, streamed and not, in interleaved rounds (``--repeat``, medians), so
 drift on a shared machine hits each target alike: closed-loop clients at
@@ -26,11 +27,16 @@ process spent per request, and the issue 36 goals for the picker: at most
 0.5 ms of CPU per request at saturation, at most 2 ms p50 added over Envoy
 direct at 100 requests/s, at least 0.5x Envoy direct's throughput at
 saturation, and at most 20 ms p50 added by Envoy with the picker over the
-backend direct for a 500 KB prompt (the worse of streamed and not). The last
-line is one JSON object with the figures and the goals.
+backend direct for a 500 KB prompt (the worse of streamed and not); and for
+``longroute serve`` at most 5 ms p50 added over the backend direct for a 500 KB
+prompt (the worse mode). ``--large-only`` runs the large-prompt rows alone (no
+closed loop, no ``--rates``: the goals line then holds the large-prompt goals
+only), for work on the body path. The last line is one JSON object with the
+figures and the goals.
 
     python benchmarks/epp_overhead.py [--seconds 4] [--repeat 3] [--rates 10,100,200]
         [--large-prompt-kb 500] [--large-rate 10] [--response-bodies auto] [--baseline REF]
+        [--large-only]
 
 Envoy comes from ``longroute epp --install-envoy`` (run first if it is missing).
 """
@@ -56,10 +62,12 @@ GOAL_RATE = 100  # requests/s of the latency goal
 GOAL_ADDED_P50_MS = 2.0  # at GOAL_RATE
 GOAL_THROUGHPUT = 0.5  # x Envoy direct's, at saturation
 GOAL_LARGE_ADDED_P50_MS = 20.0  # a 500 KB prompt, Envoy + picker over the backend direct
+GOAL_LARGE_SERVE_ADDED_P50_MS = 5.0  # a 500 KB prompt, longroute serve over the backend direct
 MODEL = "fast-16"  # what gateway_overhead.py's load generator asks for
 HERE = Path(__file__).resolve().parent
 OVERHEAD_SCRIPT, OPEN_LOOP = HERE / "gateway_overhead.py", HERE / "_open_loop.py"
 EPP, DIRECT, BACKEND = "envoy + epp", "envoy direct", "backend direct"
+SERVE = "longroute serve"
 Figures = dict[str, dict[str, float]]
 
 
@@ -106,6 +114,20 @@ def _start_picker(
     return proc, json.loads(out.stdout)
 
 
+def _start_serve(
+    tmp: Path, ports: list[int], name: str, source: Path | None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A ``longroute serve`` (of ``source``, else this checkout) in front of ``ports``."""
+    env = [] if source is None else ["env", f"PYTHONPATH={source}"]
+    port = h.free_port()
+    (tmp / f"{name}.json").write_text(json.dumps(_fleet(ports, port)))
+    proc = h.start([*env, sys.executable, "-m", "longroute", "serve", "--config",
+                    str(tmp / f"{name}.json"), "--log-level", "warning"],
+                   tmp / f"{name}.log")  # fmt: skip
+    h.wait_ready(f"http://127.0.0.1:{port}/ready", proc, tmp / f"{name}.log")
+    return proc, f"http://127.0.0.1:{port}"
+
+
 def _open_loop(
     url: str, rate: float, seconds: float, pid: int | None, prompt_bytes: int = 0
 ) -> Figures:
@@ -133,13 +155,16 @@ def main() -> int:
     parser.add_argument("--large-prompt-kb", type=int, default=500, help="large prompts (0 none)")
     parser.add_argument("--large-rate", type=float, default=10.0, help="their requests/s")
     parser.add_argument("--response-bodies", default="auto", help="the picker's option")
-    parser.add_argument("--baseline", metavar="REF", help="also the picker of commit REF")
+    parser.add_argument("--baseline", metavar="REF", help="also the picker and serve of REF")
+    parser.add_argument("--large-only", action="store_true", help="only the large prompts")
     args = parser.parse_args()
-    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    rates = [float(r) for r in args.rates.split(",") if r.strip()] if not args.large_only else []
     if args.seconds <= 0 or args.concurrency < 1 or args.repeat < 1 or min(rates, default=1) <= 0:
         parser.error("--seconds and --rates must be > 0, --concurrency and --repeat >= 1")
     if args.large_prompt_kb < 0 or args.large_rate <= 0:
         parser.error("--large-prompt-kb must be >= 0 and --large-rate > 0")
+    if args.large_only and not args.large_prompt_kb:
+        parser.error("--large-only needs --large-prompt-kb > 0")
     try:
         binary = find_envoy()
     except EnvoyNotFoundError as exc:
@@ -183,20 +208,17 @@ def _run(
                                  concurrency=args.envoy_concurrency)  # fmt: skip
             envoys.append(envoy.start())
             targets[label], pids[label] = envoy.url, proc.pid
-        serve_port = h.free_port()
-        (tmp / "serve.json").write_text(json.dumps(_fleet(ports, serve_port)))
-        procs.append(h.start([sys.executable, "-m", "longroute", "serve", "--config",
-                            str(tmp / "serve.json"), "--log-level", "warning"],
-                           tmp / "serve.log"))  # fmt: skip
-        h.wait_ready(f"http://127.0.0.1:{serve_port}/ready", procs[-1], tmp / "serve.log")
-        targets["longroute serve"] = f"http://127.0.0.1:{serve_port}"
-        pids["longroute serve"] = procs[-1].pid
+        serves = [(SERVE, None)] + ([(f"{SERVE} {args.baseline}", base)] if base else [])
+        for i, (label, source) in enumerate(serves):
+            proc, targets[label] = _start_serve(tmp, ports, f"serve-{i}", source)
+            procs.append(proc)
+            pids[label] = proc.pid
         runs: dict[str, list[Figures]] = {label: [] for label in targets}
         rate_labels = [DIRECT, *(label for label, _, _ in pickers)]
         rate_runs = {r: {label: [] for label in rate_labels} for r in rates}
         large_runs: dict[str, list[Figures]] = {label: [] for label in targets}
         for round_index in range(args.repeat):
-            for label, base_url in targets.items():
+            for label, base_url in targets.items() if not args.large_only else ():
                 print(f"round {round_index + 1}/{args.repeat}: {label}...", flush=True)
                 url = f"{base_url}/v1/chat/completions"
                 runs[label].append(h.measure(url, args.seconds, args.concurrency, pids[label]))
@@ -213,7 +235,7 @@ def _run(
                 url, size = f"{targets[label]}/v1/chat/completions", 1000 * args.large_prompt_kb
                 figures = _open_loop(url, args.large_rate, args.seconds, pids[label], size)
                 large_runs[label].append(figures)
-        closed = {label: h.median_runs(r) for label, r in runs.items()}
+        closed = {label: h.median_runs(r) for label, r in runs.items() if r}
         opened = {r: {lb: h.median_runs(x) for lb, x in by.items()} for r, by in rate_runs.items()}
         large = {label: h.median_runs(r) for label, r in large_runs.items() if r}
         return closed, opened, large
@@ -247,8 +269,9 @@ def _report(
     large: dict[str, Figures],
     args: argparse.Namespace,
 ) -> int:
-    print(f"\n{args.concurrency} closed-loop clients; medians of interleaved rounds (ms)")
-    _added(closed)
+    if closed:
+        print(f"\n{args.concurrency} closed-loop clients; medians of interleaved rounds (ms)")
+        _added(closed)
     for label, figures in closed.items():
         for mode, r in figures.items():
             print(_line(label, mode, r))
@@ -266,7 +289,7 @@ def _report(
             for mode, r in figures.items():
                 print(_line(label, mode, r))
     goals: dict[str, dict[str, object]] = {}
-    for mode in h.MODES:
+    for mode in h.MODES if closed else ():
         epp, envoy = closed[EPP][mode], closed[DIRECT][mode]
         entries = [
             (f"epp_cpu_us_per_req_{mode}", epp["cpu_us_per_req"], f"<= {GOAL_CPU_US:g} at "
@@ -293,8 +316,18 @@ def _report(
         met = "met" if added <= GOAL_LARGE_ADDED_P50_MS else "NOT met"
         print(f"goal large_prompt_envoy_added_p50_ms: {added:.3g} "
               f"(<= {GOAL_LARGE_ADDED_P50_MS:g}): {met}")  # fmt: skip
+        added = max(r["added_p50_ms_over_envoy"] for r in large[SERVE].values())
+        goals["large_prompt_serve_added_p50_ms"] = {
+            "target": f"<= {GOAL_LARGE_SERVE_ADDED_P50_MS:g} over {BACKEND}, "
+            f"{args.large_prompt_kb} KB, worse mode",
+            "value": round(added, 3),
+            "met": added <= GOAL_LARGE_SERVE_ADDED_P50_MS,
+        }
+        verdict = "met" if added <= GOAL_LARGE_SERVE_ADDED_P50_MS else "NOT met"
+        print(f"goal large_prompt_serve_added_p50_ms: {added:.3g} "
+              f"(<= {GOAL_LARGE_SERVE_ADDED_P50_MS:g}): {verdict}")  # fmt: skip
     base = f"{EPP} {args.baseline}" if args.baseline else None
-    if base is not None:
+    if base is not None and closed:
         for mode in h.MODES:
             ratio = closed[EPP][mode]["cpu_us_per_req"] / closed[base][mode]["cpu_us_per_req"]
             print(f"picker CPU per request ({mode}, saturation): {ratio:.2f}x {args.baseline}'s")
@@ -302,7 +335,8 @@ def _report(
     summary = {"benchmark": "epp_overhead", "concurrency": args.concurrency,
                "response_bodies": args.response_bodies, "baseline": args.baseline,
                "figures": closed, "rates": rates, "large_prompt_kb": args.large_prompt_kb,
-               "large_prompts": large, "goals": goals}  # fmt: skip
+               "large_prompts": large, "large_only": args.large_only,
+               "goals": goals}  # fmt: skip
     print(json.dumps(summary, sort_keys=True))
     return 0
 
