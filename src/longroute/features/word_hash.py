@@ -58,6 +58,9 @@ _MIX_1_U64, _MIX_2_U64 = np.uint64(_MIX_1), np.uint64(_MIX_2)
 _MASK_63_U64 = np.uint64(HASH_MASK_63)
 # below this many blocks the Python loop is cheaper (measured: equal near 100 blocks of 16)
 _MIN_VECTORIZED_BLOCKS = 128
+# the chain's Python step costs more than the tuple hash's: vectorized from fewer blocks
+# (measured: equal near 64 blocks of 16, ~60 us)
+_MIN_VECTORIZED_CHAIN_BLOCKS = 64
 
 
 def block_content_hashes(words: array[int], block_size_tokens: int) -> list[int]:
@@ -83,23 +86,19 @@ def chain_word_block_hashes(words: array[int], block_size_tokens: int) -> tuple[
     """
     if block_size_tokens < 1:
         raise ValueError(f"block_size_tokens must be >= 1, got {block_size_tokens}")
-    if _is_vectorized(words, block_size_tokens):
+    if _is_vectorized(words, block_size_tokens, _MIN_VECTORIZED_CHAIN_BLOCKS):
         contents = _vectorized_content_array(words, block_size_tokens)
         return tuple(_vectorized_chain(contents).tolist())
     state = ROOT_HASH
     hashes: list[int] = []
     append = hashes.append
+    multiplier, mask, mix_1, mix_2 = _CHAIN_MULTIPLIER, _MASK_64, _MIX_1, _MIX_2
     for content in _python_content_hashes(words, block_size_tokens):
-        state = (state * _CHAIN_MULTIPLIER + (content & _MASK_64)) & _MASK_64
-        append(_splitmix64(state) & HASH_MASK_63)
+        state = (state * multiplier + content) & mask
+        mixed = ((state ^ (state >> 30)) * mix_1) & mask  # SplitMix64's finalizer
+        mixed = ((mixed ^ (mixed >> 27)) * mix_2) & mask
+        append((mixed ^ (mixed >> 31)) & HASH_MASK_63)
     return tuple(hashes)
-
-
-def _splitmix64(value: int) -> int:
-    """SplitMix64's finalizer (a bijection of 64-bit ints that mixes every bit)."""
-    value = ((value ^ (value >> 30)) * _MIX_1) & _MASK_64
-    value = ((value ^ (value >> 27)) * _MIX_2) & _MASK_64
-    return value ^ (value >> 31)
 
 
 def _vectorized_chain(contents: np.ndarray) -> np.ndarray:
@@ -124,13 +123,15 @@ def _vectorized_chain(contents: np.ndarray) -> np.ndarray:
     return state
 
 
-def _is_vectorized(words: array[int], block_size_tokens: int) -> bool:
+def _is_vectorized(
+    words: array[int], block_size_tokens: int, min_blocks: int = _MIN_VECTORIZED_BLOCKS
+) -> bool:
     """Whether numpy's tuple hash is exact for ``words`` and worth its fixed cost."""
     return (
         _IS_EXACT
         and words.itemsize <= 4
         and words.typecode.isupper()
-        and len(words) >= _MIN_VECTORIZED_BLOCKS * block_size_tokens
+        and len(words) >= min_blocks * block_size_tokens
     )
 
 
