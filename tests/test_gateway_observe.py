@@ -21,13 +21,16 @@ import pytest
 
 from longroute.emulator import EmulatorOptions, start_emulator
 from longroute.gateway import GatewaySecrets, serve_gateway
+from longroute.gateway.access_log import BATCH_LINES, AccessLog
 from longroute.gateway.config import parse_gateway_config
 from longroute.gateway.observe import (
     RequestIds,
+    RequestTrace,
     key_id,
     valid_traceparent,
     valid_tracestate,
 )
+from longroute.gateway.redact import Redactor
 from longroute.gateway.usage import parse_usage
 from test_gateway import (
     MODEL,
@@ -207,6 +210,61 @@ async def _access_log_run(path: Path) -> None:
     assert (refused["status"], refused["outcome"], refused["error"]) == (401, "error", "auth")
     assert refused["request_id"] == "no-key" and refused["time"].endswith("Z")
     assert key not in text and key[:12] not in text and prompt not in text
+
+
+def test_access_log_lines_keep_each_requests_fields_in_batches(tmp_path: Path) -> None:
+    """Lines go to the file by BATCH_LINES and at flush, in order; the cached shared piece
+    never gives one request another's status, failovers, outcome or stream flag; the time
+    is the arrival's millisecond."""
+    path = tmp_path / "access.jsonl"
+    ids = RequestIds(prefix="p")
+    log = AccessLog(str(path), Redactor(["sk-secret-0123456789"]), lambda: "rr",
+                    own_id_prefix=ids.prefix)  # fmt: skip
+    num_lines = 2 * BATCH_LINES + 3
+    for i in range(num_lines):
+        client_id = "sk-secret-0123456789" if i == 5 else None
+        trace = RequestTrace(ids.take(client_id), "/v1/completions", 100.0)
+        trace.wall_s = 1_764_270_645.0001 + i * 0.0005  # two requests a millisecond
+        trace.model, trace.endpoint, trace.num_attempts = "m", "b", 1 + i % 2
+        trace.status = (200, 502, 429)[i % 3]
+        trace.failovers = ("backend_5xx",) * (i % 2)
+        trace.outcome = ("ok", "error")[i % 3 > 0]
+        trace.error_kind = None if i % 3 == 0 else "upstream"
+        trace.is_stream = i % 4 == 0
+        trace.ended_s = 100.0 + i / 1000
+        log.finish(trace)
+        if i == BATCH_LINES:  # the first batch went to the file's buffer, not yet flushed
+            log.flush()
+            assert len(path.read_text().splitlines()) == BATCH_LINES + 1
+    log.close()
+    text = path.read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert len(lines) == num_lines and "sk-secret-0123456789" not in text
+    for i, line in enumerate(lines):
+        assert set(line) == ACCESS_FIELDS
+        made = f"p-{i + 1 if i < 5 else i:x}"  # the client's id (i = 5) took no number
+        assert line["request_id"] == ("[redacted]" if i == 5 else made)
+        assert (line["attempts"], line["status"], line["outcome"]) == (
+            1 + i % 2, (200, 502, 429)[i % 3], ("ok", "error")[i % 3 > 0],
+        )  # fmt: skip
+        assert line["failovers"] == ["backend_5xx"] * (i % 2)
+        assert line["error"] == (None if i % 3 == 0 else "upstream")
+        assert line["stream"] is (i % 4 == 0) and line["e2e_ms"] == pytest.approx(i)
+        assert line["time"] == f"2025-11-27T19:10:45.{i // 2:03d}Z"
+
+
+def test_access_log_redacts_with_a_reloads_new_keys(tmp_path: Path) -> None:
+    """A model name cached before a reload added the key it holds is redacted after it."""
+    path = tmp_path / "access.jsonl"
+    log = AccessLog(str(path), Redactor([]), lambda: "rr", own_id_prefix="p-")
+    for redactor in (Redactor([]), Redactor(["sk-new-key-0123456789"])):
+        log.redactor = redactor
+        trace = RequestTrace("p-1", "/v1/completions", 1.0)
+        trace.model = "sk-new-key-0123456789"
+        log.finish(trace)
+    log.close()
+    before, after = [json.loads(line)["model"] for line in path.read_text().splitlines()]
+    assert before == "sk-new-key-0123456789" and after == "[redacted]"
 
 
 # ---- usage counters -----------------------------------------------------------------------------
