@@ -249,8 +249,9 @@ BEFORE = {
     ("default", 600, 2): {
         "least-load": (600, "232c3bb228b4d766"),
         # every GPU profile's step overhead changed since (20029dc): recomputed, with oracle
-        # lengths as here (equal to ttca before issue 35's prices, the session price off)
-        "ttca": (600, "01eb03193a6d9781"),
+        # lengths as here; recomputed again when ttca's wait for the prompts owed at an
+        # endpoint began to count the time the engine has been at them (issue 35)
+        "ttca": (600, "f147354329aecc4c"),
         "gorgo": (600, "936e64620ece99af"),
         "prefix-cache": (600, "a76d6dded495bac3"),
     },

@@ -10,8 +10,9 @@ For a request x and each candidate endpoint e serving model m::
             (T(e) / Q(e) when no other model is a candidate)
 
 and the request goes to argmin E. ``rtt`` is the fleet view's RTT EWMA (request
-out, first token back); ``ttft_engine`` the queue wait plus the prefill of the
-request's uncached tokens at e (prefix index) with the running decodes beside it,
+out, first token back); ``ttft_engine`` the queue wait (what is left of the prompts owed
+at e once the request gets there) plus the prefill of the request's uncached tokens at e
+(prefix index) with the running decodes beside it,
 and ``tpot`` the decode step at e's batch once it is admitted, both from e's
 runtime predictor and learned corrections (:mod:`longroute.estimators.service_time`).
 ``out`` is the request's expected output length (the simulator's true length; the
@@ -204,8 +205,8 @@ class TtcaRouter(BaseRouter):
             if cached > prompt:
                 cached = prompt
             uncached = prompt - cached
-            p = model.predict(uncached, cached, out, state.engine_num_running)
             rtt_s = state.rtt_ms / 1000.0
+            p = model.predict(uncached, cached, out, state.engine_num_running, now_s, rtt_s)
             t = (
                 first_weight * (rtt_s + p.ttft_engine_s)
                 + (out - 1) * p.tpot_s
@@ -380,7 +381,7 @@ class TtcaRouter(BaseRouter):
         uncached, cached, prediction, rtt_s = entry
         previous = self._flights.pop(key, None)
         if previous is not None:  # re-sent before completing (gateway failover)
-            previous.release()
+            previous.release(now_s)
         model_entry = self._models.get(endpoint)
         if model_entry is None:  # never priced: nothing to count it against
             return
@@ -388,7 +389,7 @@ class TtcaRouter(BaseRouter):
         # with prefills queued ahead, a first token measures the queue model as much as
         # the profile: only one that found no prompt ahead of it teaches the correction
         is_probe = model.num_pending == 0
-        model.add_pending(uncached, cached)
+        model.add_pending(uncached, cached, now_s)
         kv = uncached + cached + request.num_output_tokens / 2.0
         self._flights[key] = Flight(model, uncached, cached, kv, prediction, rtt_s, now_s, is_probe)
 
@@ -398,7 +399,10 @@ class TtcaRouter(BaseRouter):
             return
         flight.first_token_s = now_s
         model = flight.model
-        model.start_decoding(flight.uncached, flight.cached, flight.kv_tokens, flight.remaining)
+        model.start_decoding(
+            flight.uncached, flight.cached, flight.kv_tokens, flight.remaining,
+            flight.dispatch_s, now_s,
+        )  # fmt: skip
         p = flight.prediction
         # a first token says little of the engine when the network dominates it: its
         # jitter and peaks would be learned as a slower engine
@@ -415,7 +419,7 @@ class TtcaRouter(BaseRouter):
         if flight is None:
             return
         first_s = flight.first_token_s
-        flight.release()
+        flight.release(now_s)
         out = request.num_output_tokens
         if is_ok and first_s is not None and out > 1 and flight.prediction.step_s > 0.0:
             observed = (now_s - first_s) / (out - 1)

@@ -103,10 +103,10 @@ class Flight:
         self.dispatch_s = dispatch_s
         self.first_token_s: float | None = None
 
-    def release(self) -> None:
-        """Take this attempt's work off its endpoint's counters."""
+    def release(self, now_s: float | None = None) -> None:
+        """Take this attempt's work off its endpoint's counters (at ``now_s``)."""
         if self.first_token_s is None:
-            self.model.end_pending(self.uncached, self.cached)
+            self.model.end_pending(self.uncached, self.cached, self.dispatch_s, now_s)
         else:
             self.model.end_decoding(self.kv_tokens, self.remaining)
 
