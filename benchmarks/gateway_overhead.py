@@ -25,7 +25,8 @@ and ``workersN_cpu_per_request`` (<= 1.0x one worker's). ``--workers-only`` leav
 out the access-log targets and sglang-router.
 
 It prints req/s, p50/p99 latency and the p50 added over direct per target,
-streamed and not (medians of ``--repeat`` interleaved rounds), the CPU time
+streamed and not (medians of ``--repeat`` interleaved rounds, every other one in
+reverse order), the CPU time
 each proxy process spent per request (from /proc, on Linux), and the ratios
 to sglang-router; the last line is one JSON object.
 
@@ -263,8 +264,11 @@ def _run_all(args: argparse.Namespace) -> None:
             pids["sglang-router"] = procs[-1].pid
         runs: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label in targets}
         shares: dict[str, list[list[float]]] = {label: [] for label in targets if WORKERS in label}
-        for _ in range(args.repeat):  # interleaved rounds: drift hits every target alike
-            for label, base in targets.items():
+        # interleaved rounds: drift hits every target alike; every other round runs the
+        # targets in reverse order, so none always follows the same one (+log its plain twin)
+        for round_index in range(args.repeat):
+            order = list(targets.items())
+            for label, base in order if round_index % 2 == 0 else reversed(order):
                 pid = pids[label]
                 before = _children_cpu_s(pid) if label in shares and pid is not None else {}
                 runs[label].append(
