@@ -261,8 +261,6 @@ def test_the_registry_builds_it_by_name() -> None:
         WORKLOADS.build("agent-workflows", {"num_workflows": 2, "models": ["llama-3-8b"]}, seed=0)
 
 
-
-
 @pytest.mark.parametrize(
     ("name", "layers", "hidden", "kv_heads", "num_params", "tied"),
     [
