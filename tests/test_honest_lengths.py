@@ -250,8 +250,10 @@ BEFORE = {
         "least-load": (600, "232c3bb228b4d766"),
         # every GPU profile's step overhead changed since (20029dc): recomputed, with oracle
         # lengths as here; recomputed again when ttca's wait for the prompts owed at an
-        # endpoint began to count the time the engine has been at them (issue 35)
-        "ttca": (600, "f147354329aecc4c"),
+        # endpoint began to count the time the engine has been at them (issue 35); and
+        # again, deliberately, when ttca's ttft_weight went from 2 to 4 and it began to
+        # price a prefix pushed out of an endpoint's KV memory as uncached (issue 35)
+        "ttca": (600, "c662271024212b0f"),
         "gorgo": (600, "936e64620ece99af"),
         "prefix-cache": (600, "a76d6dded495bac3"),
     },

@@ -82,7 +82,7 @@ def cache_at(fleet: FleetView, endpoint: str, hashes: Sequence[int]) -> None:
 
 def test_a_far_region_loses_to_a_near_one_when_caches_are_equal() -> None:
     fleet = FleetView([ep("far"), ep("near")], rtt_ms={"far": 150.0, "near": 2.0})
-    decision = TtcaRouter().route(req(prompt=2048), fleet, 0.0)
+    decision = TtcaRouter(ttft_weight=2.0).route(req(prompt=2048), fleet, 0.0)
     assert decision.endpoint == "near"
     # the 148 ms delay the first token: priced once in the answer, twice more on its own
     assert decision.scores["far"] - decision.scores["near"] == pytest.approx(3 * 0.148, rel=0.01)

@@ -18,7 +18,7 @@ runtime predictor and learned corrections (:mod:`longroute.estimators.service_ti
 ``out`` is the request's expected output length (the simulator's true length; the
 gateway's ``max_tokens``). ``ext`` is the externality: what the request's prefill
 chunks and batch slot add to the other requests at e, weighted by ``x``
-(``externality_weight``, 1). ``w`` (``ttft_weight``, 2) weighs the wait for the first
+(``externality_weight``, 1). ``w`` (``ttft_weight``, 4) weighs the wait for the first
 token above a second of decode: a streaming user sits idle before it and reads after
 it. With w = 0 the router minimises the answer's expected completion alone and gives
 up TTFT p95 for E2E p95 (on ``gorgo`` 1.11x GORGO's TTFT p95 at 0.98x its E2E p95);
@@ -70,6 +70,7 @@ from pathlib import Path
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.estimators.service_time import Calibration, EndpointTimeModel, Prediction
 from longroute.estimators.session_turns import SessionTurns
+from longroute.prefix.router_index import RouterPrefixIndex
 from longroute.routing.base import ROUTERS, BaseRouter, pick_min
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
 from longroute.routing.laar import SuccessModel, penalise_tried, success_probability
@@ -78,6 +79,7 @@ from longroute.routing.ttca_support import (
     check_params,
     endpoint_time_predictor,
     evicted_share,
+    held_matches,
     kv_capacity_tokens,
     prefer_meeting,
     reuse_share,
@@ -124,7 +126,7 @@ class TtcaRouter(BaseRouter):
         slo_mode: bool = False,
         price_other_tasks: bool = False,
         session_price: bool = False,
-        ttft_weight: float = 2.0,
+        ttft_weight: float = 4.0,
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(rng=rng)
@@ -170,6 +172,10 @@ class TtcaRouter(BaseRouter):
         self._prior_models: list[EndpointTimeModel] = []
         self._turns = SessionTurns()  # turns per conversation: how many more to expect
         self._kv_capacity: dict[str, int] = {}  # per endpoint, tokens of KV cache
+        # per endpoint, the prompts' blocks last sent there, at most its KV memory's worth
+        # (LRU, as the engine evicts): a prefix the fleet's index holds but this one does
+        # not has likely been evicted there, and is priced as uncached
+        self._held: dict[str, RouterPrefixIndex] = {}
 
     # ------------------------------------------------------------------ hot path
 
@@ -177,6 +183,8 @@ class TtcaRouter(BaseRouter):
         candidates = fleet.candidates(request)
         hashes = request.block_hashes
         matched = fleet.prefix_index.match(hashes) if hashes else {}
+        if matched and self._held:
+            matched = held_matches(matched, self._held, hashes)
         prompt, out = request.num_prompt_tokens, request.num_output_tokens
         block = request.block_size_tokens
         tried = request.tried_models
@@ -385,6 +393,14 @@ class TtcaRouter(BaseRouter):
         model_entry = self._models.get(endpoint)
         if model_entry is None:  # never priced: nothing to count it against
             return
+        if request.block_hashes:
+            held = self._held.get(endpoint)
+            if held is None:
+                blocks = self._kv_capacity.get(endpoint, 0) // request.block_size_tokens
+                if blocks >= 1:
+                    held = self._held[endpoint] = RouterPrefixIndex((endpoint,), blocks)
+            if held is not None:
+                held.insert(request.block_hashes, endpoint, now_s)
         model = model_entry[1]
         # with prefills queued ahead, a first token measures the queue model as much as
         # the profile: only one that found no prompt ahead of it teaches the correction
@@ -438,6 +454,7 @@ class TtcaRouter(BaseRouter):
         self._flights.update(old._flights)
         self._turns = old._turns
         self._kv_capacity = {**old._kv_capacity, **self._kv_capacity}
+        self._held = {**old._held, **self._held}
         self._prior_models = old._prior_models + self._prior_models
 
     # ------------------------------------------------------------------ reads

@@ -5,6 +5,7 @@ ranking, parameter checks and the prior of an endpoint without profiles
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from longroute.estimators.measured_engine import is_measured_engine_ref
@@ -16,6 +17,7 @@ from longroute.estimators.profiles import (
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.estimators.service_time import EndpointTimeModel, Prediction
 from longroute.estimators.session_turns import SessionTurns
+from longroute.prefix.router_index import RouterPrefixIndex
 from longroute.types import Endpoint
 
 PRIOR_MODEL = "llama-3-8b"
@@ -186,3 +188,23 @@ def reuse_share(turns: SessionTurns) -> float:
     which come back less often, so it errs towards staying."""
     after_first = turns.expected_remaining(1)
     return after_first / (1.0 + after_first)
+
+
+def held_matches(
+    matched: dict[str, int], held: Mapping[str, RouterPrefixIndex], hashes: Sequence[int]
+) -> dict[str, int]:
+    """The fleet's prefix ``matched`` blocks per endpoint, cut to what each endpoint's
+    bounded LRU of the blocks last sent there (its KV memory's worth, ``held``) still
+    holds: past its KV memory the engine has evicted the oldest prefixes. Endpoints with
+    no bounded LRU keep the fleet's figure."""
+    out = matched
+    for name, num in matched.items():
+        lru = held.get(name)
+        if lru is None:
+            continue
+        kept = lru.match(hashes).get(name, 0)
+        if kept < num:
+            if out is matched:
+                out = dict(matched)
+            out[name] = kept
+    return out
