@@ -366,12 +366,12 @@ class EndpointTimeModel:
     def add_pending(self, uncached: int, cached: int, sent_s: float | None = None) -> None:
         """One more prompt owed, sent at ``sent_s`` (None: its progress is not tracked)."""
         self._state = None
+        pairs = causal_attention_pairs(uncached, cached)
         if sent_s is not None:
-            pairs = uncached * cached + uncached * (uncached + 1) / 2.0
             own_s = self._iteration_s(uncached, pairs, cached, 0, 0) if uncached > 0 else 0.0
             self._pending_since.append((sent_s, own_s))
         self.pending_tokens += uncached
-        self.pending_pairs += causal_attention_pairs(uncached, cached)
+        self.pending_pairs += pairs
         self.pending_context_tokens += cached
         self.num_pending += 1
 
