@@ -24,6 +24,12 @@ The seed paper's setting (§05), on loopback:
    them, and those issued while ashburn had nothing in flight), the share of
    all requests sent to seoul, TTFT p50/p95, E2E p95 and the cache hit ratio.
 
+``--hardware`` gives each region its own GPU profile (mixed GPUs, e.g.
+``ashburn=l40s,frankfurt=h100,seoul=h200``; the gateway's backends name the same).
+With ``ttca`` among ``--routers``, the JSON line has issue 35's gateway goals: ttca's
+TTFT p95 and E2E p95 over the best other router's (met at <= 1; the issue judges them
+over >= 3 runs).
+
 Time is emulated throughout: the emulators' delays and engines run ``--speed``
 times faster, bench's think times are divided by it, latencies are reported as
 wall time x speed, and GORGO's ``rtt_weight`` (tokens per *probed*, i.e. wall,
@@ -100,18 +106,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rtt-weight", type=float, default=PAPER_RTT_WEIGHT, help="gorgo, per emulated ms")
     add("--queue-weight", type=float, default=PAPER_QUEUE_WEIGHT, help="gorgo")
     add("--param", action="append", default=[], help="extra art-chat knob KEY=VALUE")
+    add("--hardware", type=parse_hardware, default=dict.fromkeys(REGION_DELAY_MS, HARDWARE),
+        help=f"one GPU profile for every region, or REGION=GPU,... (mixed GPUs; default "
+        f"{HARDWARE} everywhere)")  # fmt: skip
     add("--seed", type=int, default=0)
     add("--out", type=Path, help="keep logs, gateway configs and bench reports here")
     return parser.parse_args(argv)
 
 
+def parse_hardware(text: str) -> dict[str, str]:
+    """``--hardware``: one profile name for every region, or ``REGION=NAME`` for each region
+    (every region named once)."""
+    from longroute.estimators.profiles import hardware_profile_names
+
+    known = hardware_profile_names()
+    if "=" not in text:
+        out = dict.fromkeys(REGION_DELAY_MS, text.strip())
+    else:
+        out = {}
+        for item in text.split(","):
+            region, _, name = (part.strip() for part in item.partition("="))
+            if region not in REGION_DELAY_MS or region in out:
+                raise argparse.ArgumentTypeError(
+                    f"unknown or repeated region {region!r}; regions: {', '.join(REGION_DELAY_MS)}"
+                )
+            out[region] = name
+        if set(out) != set(REGION_DELAY_MS):
+            raise argparse.ArgumentTypeError(f"name every region: {', '.join(REGION_DELAY_MS)}")
+    bad = sorted({name for name in out.values() if name not in known})
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown hardware {', '.join(bad)}; known: {', '.join(known)}"
+        )
+    return out
+
+
 # ---- fleet, gateway, bench ---------------------------------------------------------
 
 
-def start_fleet(launcher: Launcher, tag: str, speed: float) -> tuple[dict[str, str], list[Child]]:
+def start_fleet(
+    launcher: Launcher, tag: str, speed: float, hardware: dict[str, str]
+) -> tuple[dict[str, str], list[Child]]:
     """Three emulators, one per region (started at once); their URLs by region."""
     specs = [
-        emulator_spec(f"{tag}-{region}", profile=PROFILE, hardware=HARDWARE, speed=speed,
+        emulator_spec(f"{tag}-{region}", profile=PROFILE, hardware=hardware[region], speed=speed,
                       network_delay_ms=delay_ms, extra_args=("--num-gpus", str(NUM_GPUS)))
         for region, delay_ms in REGION_DELAY_MS.items()
     ]  # fmt: skip
@@ -128,7 +166,8 @@ def router_params(router: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def gateway_config(urls: dict[str, str], router: str, args: argparse.Namespace) -> dict[str, Any]:
     backends = [
-        {"name": region, "url": url, "model": PROFILE, "region": region, "hardware": HARDWARE,
+        {"name": region, "url": url, "model": PROFILE, "region": region,
+         "hardware": args.hardware[region],
          "max_concurrency": 256}
         for region, url in urls.items()
     ]  # fmt: skip
@@ -231,7 +270,7 @@ def run_router(
     launcher: Launcher, router: str, args: argparse.Namespace, workdir: Path
 ) -> dict[str, Any]:
     """A fresh fleet and gateway for ``router``, bench through it, its figures."""
-    urls, emulators = start_fleet(launcher, router, args.speed)
+    urls, emulators = start_fleet(launcher, router, args.speed, args.hardware)
     config = launcher.write_yaml(f"gw-{router}.yaml", gateway_config(urls, router, args))
     (gateway,) = launcher.start(gateway_spec(f"gw-{router}", config))
     out = workdir / f"report-{router}"
@@ -349,6 +388,27 @@ def gorgo_verdict(g: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def ttca_goals(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Issue 35's gateway goal, for one run: ttca's TTFT p95 and E2E p95 over the best
+    other router's (each the least of the others; met at <= 1). Empty unless ttca and at
+    least one other router ran."""
+    others = {r: f for r, f in results.items() if r != "ttca"}
+    if "ttca" not in results or not others:
+        return {}
+    goals = {}
+    for key, label in (("ttft_p95_s", "TTFT p95"), ("e2e_p95_s", "E2E p95")):
+        best = min(others, key=lambda r: others[r][key])
+        ratio = results["ttca"][key] / others[best][key]
+        goals[f"ttca_{key.removesuffix('_s')}_vs_best_other"] = {
+            "target": f"ttca's {label} <= the best other router's (issue 35; judged over >= 3 "
+            "runs)",
+            "value": ratio,
+            "best_other": best,
+            "met": ratio <= 1.0,
+        }
+    return goals
+
+
 # ---- output -----------------------------------------------------------------------
 
 
@@ -414,6 +474,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "gorgo" in results:
         summary["gorgo_verdict"] = gorgo_verdict(results["gorgo"])
         print_verdict(results["gorgo"], summary["gorgo_verdict"])
+    goals = ttca_goals(results)
+    if goals:
+        summary["goals"] = goals
+        for name, goal in goals.items():
+            print(f"goal {name}: {goal['value']:.3f} ({goal['target']}): "
+                  f"{'met' if goal['met'] else 'NOT met'}")  # fmt: skip
     print(f"(bench reports, gateway configs and logs in {workdir})")
     summary["config"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     print(json.dumps(summary, sort_keys=True))
