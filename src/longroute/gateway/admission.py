@@ -32,6 +32,14 @@ count no round. Whatever the queue, the request a grant dispatches
 ``on_dispatch`` and sent on by the proxy) carries the routing decision's
 ``priority`` (Chimera: ŷ on the chosen model, its in-flight volume).
 
+Deferred inserts: a router with ``deferred_inserts`` (ttca's LRUs of the blocks sent
+to each backend) inserts a long prompt's blocks at dispatch like the fleet's prefix
+index does (``gateway/granting_fleet.py``): from ``DEFERRED_INSERT_BLOCKS`` blocks up
+they wait, with their dispatch's time, for the first of a read (the router applies them
+first, in dispatch order, so its decisions are those of inserts at dispatch), an
+answer's end (at the loop's next turn), ``LATE_INSERT_DELAY_S`` after the dispatch, or
+64 waiting; not in front of the request that sent them.
+
 Called by the proxy: :meth:`acquire` before each attempt, :meth:`first_byte`
 when the backend's first byte arrives, :meth:`finish` when the attempt ends.
 """
@@ -43,10 +51,14 @@ import math
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from longroute.clock import Clock
-from longroute.gateway.granting_fleet import GrantingFleet
+from longroute.gateway.granting_fleet import (
+    DEFERRED_INSERT_BLOCKS,
+    LATE_INSERT_DELAY_S,
+    GrantingFleet,
+)
 from longroute.queueing import QUEUE_POLICIES, QueuePolicy
 from longroute.routing.base import Router
 from longroute.routing.fleet_view import AUTO_MODEL, FleetView, NoCandidateError
@@ -72,6 +84,17 @@ class Grant:
     decision: RouteDecision
     decision_s: float
     request: Request
+
+
+class _DeferredInserts(Protocol):
+    """What a router's ``deferred_inserts`` offers (ttca's ``HeldBlocks``)."""
+
+    defer_from_blocks: int | None
+
+    @property
+    def num_pending(self) -> int: ...
+
+    def apply_pending(self) -> None: ...
 
 
 class _Waiter:
@@ -128,6 +151,9 @@ class Admission:
             router, "queue_priority", None
         )
         self._needs_observed_length = bool(getattr(router, "needs_observed_length", False))
+        self._deferred: _DeferredInserts | None = None
+        self._deferred_handle: asyncio.Handle | None = None
+        self._attach_deferred(router)
         self._capacity = dict(capacities)
         self._inflight = dict.fromkeys(capacities, 0)
         self._queues: dict[str, _Queue] = {}
@@ -183,6 +209,16 @@ class Admission:
         if observed_output_tokens is not None and self._needs_observed_length:
             request = replace(request, num_output_tokens=observed_output_tokens)
         self.router.on_complete(request, endpoint, self._clock.now_s(), is_ok)
+        deferred = self._deferred
+        if deferred is not None and deferred.num_pending:  # after this turn: answer written
+            if self._deferred_handle is not None:
+                self._deferred_handle.cancel()
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop: nothing left to wait for
+                self._apply_deferred()
+            else:
+                self._deferred_handle = loop.call_soon(self._apply_deferred)
         self._inflight[endpoint] -= 1
         if self.num_waiting:
             self.wake()
@@ -195,6 +231,7 @@ class Admission:
         self.router = router
         self._queue_priority = getattr(router, "queue_priority", None)
         self._needs_observed_length = bool(getattr(router, "needs_observed_length", False))
+        self._attach_deferred(router)
         self.max_queue = max_queue
         for name in self._capacity:
             if name not in capacities:
@@ -248,7 +285,29 @@ class Admission:
         inflight[name] += 1
         self.fleet.record_dispatch(request, name, now_s)
         self.router.on_dispatch(request, name, now_s)
+        deferred = self._deferred
+        if deferred is not None and deferred.num_pending and self._deferred_handle is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # a synchronous caller: nothing to overlap with
+                deferred.apply_pending()
+            else:
+                self._deferred_handle = loop.call_later(LATE_INSERT_DELAY_S, self._apply_deferred)
         return Grant(name, decision, decision_s, request)
+
+    def _attach_deferred(self, router: Router) -> None:
+        """Let ``router``'s deferred inserts (if it has any) wait from
+        ``DEFERRED_INSERT_BLOCKS`` blocks up; a previous router's are dropped (a reload's new
+        router adopted them, applied, where it takes over the old one's state)."""
+        deferred: _DeferredInserts | None = getattr(router, "deferred_inserts", None)
+        if deferred is not None:
+            deferred.defer_from_blocks = DEFERRED_INSERT_BLOCKS
+        self._deferred = deferred
+
+    def _apply_deferred(self) -> None:
+        self._deferred_handle = None
+        if self._deferred is not None:
+            self._deferred.apply_pending()
 
     def wake(self) -> None:
         """Serve queue heads while any can be served; called on free slots and health changes."""

@@ -70,16 +70,15 @@ from pathlib import Path
 from longroute.estimators.runtime import RuntimePredictor
 from longroute.estimators.service_time import Calibration, EndpointTimeModel, Prediction
 from longroute.estimators.session_turns import SessionTurns
-from longroute.prefix.router_index import RouterPrefixIndex
 from longroute.routing.base import ROUTERS, BaseRouter, pick_min
 from longroute.routing.fleet_view import CandidatesExhaustedError, FleetView
 from longroute.routing.laar import SuccessModel, penalise_tried, success_probability
 from longroute.routing.ttca_support import (
     Flight,
+    HeldBlocks,
     check_params,
     endpoint_time_predictor,
     evicted_share,
-    held_matches,
     kv_capacity_tokens,
     prefer_meeting,
     reuse_share,
@@ -175,7 +174,7 @@ class TtcaRouter(BaseRouter):
         # per endpoint, the prompts' blocks last sent there, at most its KV memory's worth
         # (LRU, as the engine evicts): a prefix the fleet's index holds but this one does
         # not has likely been evicted there, and is priced as uncached
-        self._held: dict[str, RouterPrefixIndex] = {}
+        self._held = HeldBlocks()
 
     # ------------------------------------------------------------------ hot path
 
@@ -183,8 +182,8 @@ class TtcaRouter(BaseRouter):
         candidates = fleet.candidates(request)
         hashes = request.block_hashes
         matched = fleet.prefix_index.match(hashes) if hashes else {}
-        if matched and self._held:
-            matched = held_matches(matched, self._held, hashes)
+        if matched:
+            matched = self._held.cut(matched, hashes)
         prompt, out = request.num_prompt_tokens, request.num_output_tokens
         block = request.block_size_tokens
         tried = request.tried_models
@@ -394,13 +393,8 @@ class TtcaRouter(BaseRouter):
         if model_entry is None:  # never priced: nothing to count it against
             return
         if request.block_hashes:
-            held = self._held.get(endpoint)
-            if held is None:
-                blocks = self._kv_capacity.get(endpoint, 0) // request.block_size_tokens
-                if blocks >= 1:
-                    held = self._held[endpoint] = RouterPrefixIndex((endpoint,), blocks)
-            if held is not None:
-                held.insert(request.block_hashes, endpoint, now_s)
+            blocks = self._kv_capacity.get(endpoint, 0) // request.block_size_tokens
+            self._held.add(endpoint, request.block_hashes, blocks, now_s)
         model = model_entry[1]
         # with prefills queued ahead, a first token measures the queue model as much as
         # the profile: only one that found no prompt ahead of it teaches the correction
@@ -454,10 +448,17 @@ class TtcaRouter(BaseRouter):
         self._flights.update(old._flights)
         self._turns = old._turns
         self._kv_capacity = {**old._kv_capacity, **self._kv_capacity}
-        self._held = {**old._held, **self._held}
+        self._held.adopt(old._held)
         self._prior_models = old._prior_models + self._prior_models
 
     # ------------------------------------------------------------------ reads
+
+    @property
+    def deferred_inserts(self) -> HeldBlocks:
+        """The per-endpoint LRUs of the blocks sent, whose inserts the gateway may let wait
+        (it sets ``defer_from_blocks`` and calls ``apply_pending`` when the loop would
+        otherwise wait; every read applies them first: decisions are unchanged)."""
+        return self._held
 
     def calibration(self) -> dict[str, Calibration]:
         """Per endpoint seen so far: learned corrections, last predicted and observed."""

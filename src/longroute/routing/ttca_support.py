@@ -190,6 +190,79 @@ def reuse_share(turns: SessionTurns) -> float:
     return after_first / (1.0 + after_first)
 
 
+MAX_PENDING_HELD_INSERTS = 64
+"""Waiting LRU inserts beyond which :class:`HeldBlocks` applies them at once."""
+
+
+class HeldBlocks:
+    """Per endpoint, a bounded LRU of the prompts' blocks last sent there (its KV memory's
+    worth: past it the engine has evicted the oldest prefixes), and the inserts still
+    waiting to reach it.
+
+    An insert costs about 1 to 2 us a block (and as much again for the blocks it evicts):
+    7 to 20 ms for a 500 KB prompt. The simulator inserts at dispatch. The gateway
+    (:attr:`defer_from_blocks`) lets a prompt of at least that many blocks wait, as its
+    fleet prefix index does (``gateway/granting_fleet.py``), for the first of a read
+    (:meth:`cut` and :meth:`adopt` apply every waiting insert first, in dispatch order,
+    each with its dispatch's time and capacity, so every decision sees the LRUs it would
+    see with inserts at dispatch), :data:`MAX_PENDING_HELD_INSERTS` waiting, or the
+    gateway's own triggers (:meth:`apply_pending`: an answer's end, 20 ms). While one
+    waits, every later insert waits behind it, so the order is kept."""
+
+    __slots__ = ("_lrus", "_pending", "defer_from_blocks")
+
+    def __init__(self) -> None:
+        self.defer_from_blocks: int | None = None
+        """Blocks from which an insert waits; None (the simulator): every insert at once."""
+        self._lrus: dict[str, RouterPrefixIndex] = {}
+        self._pending: list[tuple[str, Sequence[int], int, float]] = []
+
+    @property
+    def num_pending(self) -> int:
+        """Inserts waiting (applies none)."""
+        return len(self._pending)
+
+    def add(self, endpoint: str, hashes: Sequence[int], capacity_blocks: int, now_s: float) -> None:
+        """The prompt ``hashes`` was sent to ``endpoint``, whose KV memory holds
+        ``capacity_blocks`` blocks (below 1: no LRU for it, its prefixes never cut)."""
+        defer = self.defer_from_blocks
+        if self._pending or (defer is not None and len(hashes) >= defer):
+            self._pending.append((endpoint, hashes, capacity_blocks, now_s))
+            if len(self._pending) >= MAX_PENDING_HELD_INSERTS:
+                self.apply_pending()
+            return
+        self._insert(endpoint, hashes, capacity_blocks, now_s)
+
+    def _insert(
+        self, endpoint: str, hashes: Sequence[int], capacity_blocks: int, now_s: float
+    ) -> None:
+        lru = self._lrus.get(endpoint)
+        if lru is None:
+            if capacity_blocks < 1:
+                return
+            lru = self._lrus[endpoint] = RouterPrefixIndex((endpoint,), capacity_blocks)
+        lru.insert(hashes, endpoint, now_s)
+
+    def apply_pending(self) -> None:
+        """Insert every waiting prompt's blocks, in dispatch order; O(their blocks)."""
+        pending, self._pending = self._pending, []
+        for entry in pending:
+            self._insert(*entry)
+
+    def cut(self, matched: dict[str, int], hashes: Sequence[int]) -> dict[str, int]:
+        """:func:`held_matches` against these LRUs, every waiting insert applied first."""
+        if self._pending:
+            self.apply_pending()
+        return held_matches(matched, self._lrus, hashes) if self._lrus else matched
+
+    def adopt(self, old: HeldBlocks) -> None:
+        """Take over ``old``'s LRUs (a reload); an endpoint this one already has keeps its
+        own. Both apply their waiting inserts first."""
+        old.apply_pending()
+        self.apply_pending()
+        self._lrus = {**old._lrus, **self._lrus}
+
+
 def held_matches(
     matched: dict[str, int], held: Mapping[str, RouterPrefixIndex], hashes: Sequence[int]
 ) -> dict[str, int]:
