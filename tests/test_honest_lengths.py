@@ -74,6 +74,27 @@ def test_pools_are_bounded_least_recently_observed_first() -> None:
     assert est.estimate("b", None) == 50  # no pool of its own: the pooled median
 
 
+def test_repeating_the_last_pair_gives_what_moving_it_to_the_end_again_gave() -> None:
+    """observe skips the pools' lookups for the (model, task) observed last; with a few keys,
+    eviction and random lengths, the estimates and the pools' order are those of a
+    reference that looks both up every time (the order the estimator had before)."""
+    rng = random.Random(7)
+    est = OutputLengthEstimator(max_keys=3, min_samples=2, window=16)
+    ref = OutputLengthEstimator(max_keys=3, min_samples=2, window=16)
+    keys = [("a", None), ("a", "chat"), ("b", None), ("c", "code"), ("d", None)]
+    for _ in range(3000):
+        model, task = rng.choice(keys[:2]) if rng.random() < 0.7 else rng.choice(keys)
+        for _ in range(rng.randrange(1, 4)):  # runs of the same pair, as live traffic has
+            n = rng.randrange(0, 500)
+            est.observe(model, task, n)
+            ref._last_key = ref._last_windows = None  # the reference always looks both up
+            ref.observe(model, task, n)
+        for m, t in keys:
+            assert est.estimate(m, t) == ref.estimate(m, t)
+    assert list(est._by_key) == list(ref._by_key)
+    assert list(est._by_model) == list(ref._by_model)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

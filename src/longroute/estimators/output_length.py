@@ -72,8 +72,8 @@ class _Window:
 class OutputLengthEstimator:
     """Expected output tokens per (model, task), from completed requests (module doc)."""
 
-    __slots__ = ("_by_key", "_by_model", "_pooled", "max_keys", "min_samples", "prior_tokens",
-                 "quantile", "window")  # fmt: skip
+    __slots__ = ("_by_key", "_by_model", "_last_key", "_last_windows", "_pooled", "max_keys",
+                 "min_samples", "prior_tokens", "quantile", "window")  # fmt: skip
 
     def __init__(
         self,
@@ -100,6 +100,9 @@ class OutputLengthEstimator:
         self._by_key: OrderedDict[LengthKey, _Window] = OrderedDict()
         self._by_model: OrderedDict[str | None, _Window] = OrderedDict()
         self._pooled = _Window(window)
+        # the (model, task) observed last and its two windows, both most recent in their pools
+        self._last_key: LengthKey | None = None
+        self._last_windows: tuple[_Window, _Window] | None = None
 
     def observe(self, model: str | None, task: str | None, num_output_tokens: int) -> None:
         """One completed request of ``model`` and ``task`` produced ``num_output_tokens``.
@@ -109,8 +112,18 @@ class OutputLengthEstimator:
         n = num_output_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"num_output_tokens must be an integer >= 0, got {n!r}")
-        _pool(self._by_key, (model, task), self.window, self.max_keys).add(n)
-        _pool(self._by_model, model, self.window, self.max_keys).add(n)
+        key = (model, task)
+        if key == self._last_key and self._last_windows is not None:
+            # the pair observed last is already the most recent in both pools: moving it
+            # to the end again would change no order (most answers repeat the last pair)
+            by_key, by_model = self._last_windows
+        else:
+            by_key = _pool(self._by_key, key, self.window, self.max_keys)
+            by_model = _pool(self._by_model, model, self.window, self.max_keys)
+            self._last_key = key
+            self._last_windows = (by_key, by_model)
+        by_key.add(n)
+        by_model.add(n)
         self._pooled.add(n)
 
     def estimate(self, model: str | None, task: str | None, max_tokens: int | None = None) -> int:
