@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from longroute.gateway.errors import SERVER_ERROR, GatewayError, bad_request, shutdown_error
@@ -59,7 +60,7 @@ class CompletionHandler:
         gw.tracing.begin(trace)
         response: HttpResponse | None
         try:
-            response = await self._serve(http_request, stream, trace)
+            response = await self._serve(http_request, headers, stream, trace)
         except GatewayError as err:
             response = self._failed(trace, err.kind, err.response())
         except RecursionError:  # e.g. re-serialising a body nested as deep as the decoder allows
@@ -88,11 +89,15 @@ class CompletionHandler:
         return response
 
     async def _serve(
-        self, http_request: HttpRequest, stream: ResponseStream, trace: RequestTrace
+        self,
+        http_request: HttpRequest,
+        headers: Mapping[str, str],
+        stream: ResponseStream,
+        trace: RequestTrace,
     ) -> HttpResponse | None:
+        """``headers``: the request's, by lower-case name (:func:`lower_items`)."""
         gw = self.gateway
         wiring = gw.wiring
-        headers = lower_items(http_request.headers)
         key = authorize(headers, wiring.client_api_keys)
         if key is not None:
             trace.key_id = wiring.client_key_ids[key]

@@ -22,6 +22,17 @@ from longroute.gateway.http.upstream_response import UpstreamError, UpstreamResp
 
 BUFFER_HIGH_WATER_BYTES = 256 * 1024
 """Unread body bytes above which the connection stops reading from its socket."""
+_COMMON_NAMES = (  # noqa: SIM905 - a list literal would take a line per name
+    "content-type content-length transfer-encoding connection keep-alive date server "
+    "cache-control x-request-id vary content-encoding"
+).split()
+# Response header names as servers spell them (lower or Title-Case) -> lower-case str:
+# one dict hit per header line instead of decode + lower. Fixed at import, never grows.
+RESPONSE_HEADER_NAMES: dict[bytes, str] = {
+    spelling.encode(): name
+    for name in _COMMON_NAMES
+    for spelling in (name, "-".join(part.capitalize() for part in name.split("-")))
+}
 
 
 class ConnectionOwner(Protocol):
@@ -168,7 +179,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._header_items = {}
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_items[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = RESPONSE_HEADER_NAMES.get(name) or name.decode("latin-1").lower()
+        self._header_items[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         waiter = self._head_waiter
