@@ -28,7 +28,10 @@ It prints req/s, p50/p99 latency and the p50 added over direct per target,
 streamed and not (medians of ``--repeat`` interleaved rounds, every other one in
 reverse order), the CPU time
 each proxy process spent per request (from /proc, on Linux), and the ratios
-to sglang-router; the last line is one JSON object.
+to sglang-router; the last line is one JSON object. Its ``goals``: issue 32's
+``observed_vs_plain`` and ``observed_vs_sglang`` (the ``+log`` targets) and issue 36's
+``ahead_of_sglang`` (>= 1.2x sglang-router's throughput) and ``cpu_vs_sglang``
+(<= 0.7x its CPU per request), the worst of the plain gateway's four cells.
 
     python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
         [--workers 2 [--workers-only]] [--baseline-src DIR]
@@ -359,7 +362,7 @@ def _worker_goals(
 def _goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, object]]:
     """Issue 32's: the access log and usage counters on cost at most 5% of throughput,
     and the gateway with them on serves at least sglang-router's throughput; the worst
-    case over routers and modes (streamed or not)."""
+    case over routers and modes (streamed or not). Then issue 36's (:func:`_ahead_goals`)."""
     costs, versus = [], []
     for label, res in results.items():
         if not label.endswith(OBSERVED) or label.startswith(BASE):
@@ -376,6 +379,10 @@ def _goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[st
             )
     cost = min(costs) if costs else None
     vs = min(versus) if versus else None
+    return {**_observed_goals(cost, vs), **_ahead_goals(results)}
+
+
+def _observed_goals(cost: float | None, vs: float | None) -> dict[str, dict[str, object]]:
     return {
         "observed_vs_plain": {
             "target": ">= 0.95x the throughput with access log and usage metrics off",
@@ -386,6 +393,37 @@ def _goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[st
             "target": ">= 1.0x sglang-router's throughput with both on",
             "value": vs,
             "met": None if vs is None else vs >= 1.0,
+        },
+    }
+
+
+def _ahead_goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, object]]:
+    """Issue 36's: the plain gateway (one worker, no access log) at >= 1.2x sglang-router's
+    throughput and <= 0.7x its CPU per request in all four modes (round-robin and
+    prefix-cache, streamed and not); the worst cell of each."""
+    speed, cpu = [], []
+    for router in ("round-robin", "prefix-cache"):
+        for r in results.get(f"longroute {router}", {}).values():
+            if "throughput_vs_sglang" in r:
+                speed.append(r["throughput_vs_sglang"])
+            if "cpu_vs_sglang" in r:
+                cpu.append(r["cpu_vs_sglang"])
+    for name, ratios, worst in (("ahead_of_sglang", speed, min), ("cpu_vs_sglang", cpu, max)):
+        if ratios:
+            print(f"{name}: worst {worst(ratios):.3f}x "
+                  f"(each: {', '.join(f'{x:.3f}' for x in ratios)})")  # fmt: skip
+    fastest = min(speed) if len(speed) == 4 else None
+    leanest = max(cpu) if len(cpu) == 4 else None
+    return {
+        "ahead_of_sglang": {
+            "target": ">= 1.2x sglang-router's throughput in all four modes",
+            "value": fastest,
+            "met": None if fastest is None else fastest >= 1.2,
+        },
+        "cpu_vs_sglang": {
+            "target": "<= 0.7x sglang-router's CPU per request in all four modes",
+            "value": leanest,
+            "met": None if leanest is None else leanest <= 0.7,
         },
     }
 
