@@ -17,6 +17,11 @@ labelled ``base ...``, interleaved with the others, and the ratios of CPU per re
 throughput to the baseline are printed (``vs_baseline`` in the JSON line): a change's
 effect side by side, on the same machine in the same minutes.
 
+With ``--floor`` a minimal pass-through proxy on the gateway's own HTTP layer
+(``proxy_stack.py``'s ``longroute-http``: no routing, no admission, no observation) runs
+too, labelled ``pass-through``: what the HTTP layer, the event loop and the kernel cost
+before the gateway does anything.
+
 With ``--workers N`` (N > 1) each router also runs as ``longroute serve --workers N``
 (`` xN``: N processes on one port): its CPU per request sums the parent and every
 worker, each worker's share of that CPU is printed, and the JSON line's goals add
@@ -34,7 +39,7 @@ to sglang-router; the last line is one JSON object. Its ``goals``: issue 32's
 (<= 0.7x its CPU per request), the worst of the plain gateway's four cells.
 
     python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
-        [--workers 2 [--workers-only]] [--baseline-src DIR]
+        [--workers 2 [--workers-only]] [--baseline-src DIR] [--floor]
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ REPLY_TOKENS = 16
 BASE = "base "  # the label prefix of a target run from --baseline-src
 OBSERVED = " +log"  # the label suffix of a gateway with the access log and usage counters on
 WORKERS = " x"  # the label suffix of a gateway with N workers: " x2"
+FLOOR = "pass-through"  # --floor: proxy_stack.py's minimal proxy on the gateway's HTTP layer
 
 
 # ---- the fixed fast backend (runs with --serve-backend PORT) ------------------
@@ -201,6 +207,11 @@ def main() -> None:
     parser.add_argument(
         "--baseline-src", type=Path, help="also run each longroute target from this src/ tree"
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also a minimal pass-through proxy on the gateway's HTTP layer (no routing)",
+    )
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="non-stream", help=argparse.SUPPRESS)
@@ -256,6 +267,14 @@ def _run_all(args: argparse.Namespace) -> None:
             _wait_listening(log, workers, procs[-1])
             targets[label] = f"http://127.0.0.1:{port}"
             pids[label] = procs[-1].pid
+        if args.floor:
+            port = free_port()
+            stack = Path(__file__).resolve().parent / "proxy_stack.py"
+            procs.append(start([sys.executable, str(stack), "--serve-proxy", "longroute-http",
+                                str(port), backend], tmp / "floor.log"))  # fmt: skip
+            wait_ready(f"http://127.0.0.1:{port}/health", procs[-1])
+            targets[FLOOR] = f"http://127.0.0.1:{port}"
+            pids[FLOOR] = procs[-1].pid
         if not args.no_sglang and not args.workers_only:
             port = free_port()
             procs.append(start([str(_sglang_python()), "-m", "sglang_router.launch_router",
@@ -466,7 +485,7 @@ def _print_ratios(results: dict[str, dict[str, dict[str, float]]]) -> None:
     if base is None:
         return
     for label, res in results.items():
-        if not label.startswith("longroute"):
+        if not label.startswith("longroute") and label != FLOOR:
             continue
         for mode, r in res.items():
             b = base[mode]
