@@ -334,6 +334,32 @@ async def test_interim_1xx_response_is_skipped() -> None:
 
 
 @async_test
+async def test_read_with_a_limit_of_a_body_already_complete() -> None:
+    """A whole body already buffered: read(max_bytes) returns it at or under the limit (the
+    connection back in the pool) and raises a protocol error over it (the connection closed)."""
+
+    async def handle(b: RawBackend, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(b, reader)
+            w.write(ok_response(b"sixteen bytes ok"))
+
+    async with raw_backend(handle) as backend:
+        pool = pool_for(backend.url)
+        resp = await pool.request("GET", "/")
+        await eventually(lambda: resp._is_complete)  # the whole body is buffered, unread
+        assert await resp.read(16) == b"sixteen bytes ok"
+        assert pool.num_idle == 1
+        resp = await pool.request("GET", "/")
+        await eventually(lambda: resp._is_complete)
+        with pytest.raises(UpstreamError) as caught:
+            await resp.read(15)
+        assert caught.value.kind == "protocol"
+        assert not caught.value.is_before_response
+        assert pool.num_open == 0
+        await pool.close()
+
+
+@async_test
 async def test_malformed_response_is_a_protocol_error() -> None:
     async def handle(b: RawBackend, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(b, reader)

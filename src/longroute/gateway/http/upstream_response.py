@@ -85,7 +85,11 @@ class UpstreamResponse:
     async def read(self, max_bytes: int | None = None) -> bytes:
         """The whole remaining body; then releases the connection. Raises UpstreamError, with
         kind "protocol" once the body exceeds ``max_bytes`` (a backend cannot fill memory)."""
-        if self._is_complete and self._error is None and max_bytes is None:
+        if (
+            self._is_complete
+            and self._error is None
+            and (max_bytes is None or self._num_buffered_bytes <= max_bytes)
+        ):  # all of it is here (a whole answer usually is): no loop, no second join
             body = self._take()
             self.release()
             return body
