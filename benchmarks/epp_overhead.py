@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -239,12 +240,16 @@ def _run(
         closed = {label: h.median_runs(r) for label, r in runs.items() if r}
         opened = {r: {lb: h.median_runs(x) for lb, x in by.items()} for r, by in rate_runs.items()}
         large = {label: h.median_runs(r) for label, r in large_runs.items() if r}
-        return closed, opened, large
+    except BaseException:
+        print(f"logs kept in {tmp}", file=sys.stderr)
+        raise
     finally:
         for envoy_process in envoys:
             envoy_process.stop()
         for proc in reversed(procs):
             h.stop(proc)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return closed, opened, large
 
 
 def _line(label: str, mode: str, r: dict[str, float]) -> str:

@@ -49,6 +49,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -309,9 +310,13 @@ def _run_all(args: argparse.Namespace) -> None:
                 results[label][mode]["worker_cpu_shares"] = each  # type: ignore[assignment]
             print(f"{label}: each worker's share of its CPU: "
                   + ", ".join(f"{x:.2f}" for x in each))  # fmt: skip
+    except BaseException:
+        print(f"logs kept in {tmp}", file=sys.stderr)
+        raise
     finally:
         for proc in reversed(procs):
             stop(proc)
+    shutil.rmtree(tmp, ignore_errors=True)  # its access logs run to hundreds of MB
     _print_ratios(results)
     versus_base = _print_baseline_ratios(results)
     goals = _goals(results)
