@@ -19,20 +19,15 @@ import httptools
 
 from longroute.gateway.http.types import Headers
 from longroute.gateway.http.upstream_response import UpstreamError, UpstreamResponse
+from longroute.gateway.http.wire import spelling_map
 
 BUFFER_HIGH_WATER_BYTES = 256 * 1024
 """Unread body bytes above which the connection stops reading from its socket."""
-_COMMON_NAMES = (  # noqa: SIM905 - a list literal would take a line per name
+# Response header names as backends spell them, for the upstream parser.
+RESPONSE_HEADER_NAMES = spelling_map(
     "content-type content-length transfer-encoding connection keep-alive date server "
     "cache-control x-request-id vary content-encoding"
-).split()
-# Response header names as servers spell them (lower or Title-Case) -> lower-case str:
-# one dict hit per header line instead of decode + lower. Fixed at import, never grows.
-RESPONSE_HEADER_NAMES: dict[bytes, str] = {
-    spelling.encode(): name
-    for name in _COMMON_NAMES
-    for spelling in (name, "-".join(part.capitalize() for part in name.split("-")))
-}
+)
 
 
 class ConnectionOwner(Protocol):

@@ -30,19 +30,26 @@ MAX_CACHED_CONTENT_TYPES = 64
 RESERVED_HEADERS = frozenset(
     {"content-length", "transfer-encoding", "connection", "content-type", "date", "server"}
 )
-_COMMON_NAMES = (  # noqa: SIM905 - a list literal would take a line per name
+
+
+def spelling_map(names: str) -> dict[bytes, str]:
+    """Header ``names`` (lower-case, space-separated) as peers spell them (lower or
+    Title-Case) -> the lower-case str: a parser does one dict hit instead of decode +
+    lower. Built at import, never grows."""
+    return {
+        spelling.encode(): name
+        for name in names.split()
+        for spelling in (name, "-".join(part.capitalize() for part in name.split("-")))
+    }
+
+
+# Request header names as clients spell them, for the server's parser.
+HEADER_NAMES = spelling_map(
     "host user-agent accept accept-encoding accept-language content-type content-length "
     "authorization connection expect transfer-encoding cache-control x-request-id traceparent "
     "x-stainless-lang x-stainless-package-version x-stainless-os x-stainless-arch "
     "x-stainless-runtime x-stainless-runtime-version x-stainless-retry-count"
-).split()
-# Request header names as clients spell them (lower or Title-Case) -> lower-case str: the
-# server's parser does one dict hit instead of decode + lower. Fixed at import, never grows.
-HEADER_NAMES: dict[bytes, str] = {
-    spelling.encode(): name
-    for name in _COMMON_NAMES
-    for spelling in (name, "-".join(part.capitalize() for part in name.split("-")))
-}
+)
 _MIN_STATUS = 200
 _MAX_STATUS = 599
 
