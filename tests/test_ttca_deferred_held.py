@@ -37,16 +37,20 @@ def _prompt(i: int, rng: random.Random) -> Request:
                    block_hashes=hashes, block_size_tokens=BLOCK)  # fmt: skip
 
 
+def _admission(fleet: FleetView, router: TtcaRouter, slots: int, clock: SimClock) -> Admission:
+    return Admission(
+        fleet, router, dict.fromkeys(NAMES, slots), max_queue=10, queue_policy="fcfs",
+        clock=clock, observe_decision_s=lambda _: None,
+    )  # fmt: skip
+
+
 async def _run(is_deferred: bool) -> tuple[list[Any], int, list[dict[str, int]]]:
     """Grants and each decision's scores over a loop that sometimes turns, sometimes waits
     past the delay; the most inserts seen waiting; the LRUs' holdings of every prompt."""
     fleet = (GrantingFleet if is_deferred else FleetView)(_endpoints())
     router = TtcaRouter()
     clock = SimClock()
-    admission = Admission(
-        fleet, router, dict.fromkeys(NAMES, 4), max_queue=10, queue_policy="fcfs",
-        clock=clock, observe_decision_s=lambda _: None,
-    )  # fmt: skip
+    admission = _admission(fleet, router, 4, clock)
     if not is_deferred:
         router.deferred_inserts.defer_from_blocks = None  # the simulator's: at dispatch
     # a KV memory of about three prompts per endpoint, so the LRUs evict
@@ -138,10 +142,7 @@ def test_the_gateway_applies_waiting_lru_inserts_at_an_answers_end_or_after_the_
     async def scenario() -> None:
         fleet = GrantingFleet(_endpoints())
         router = TtcaRouter()
-        admission = Admission(
-            fleet, router, dict.fromkeys(NAMES, 8), max_queue=10, queue_policy="fcfs",
-            clock=SimClock(), observe_decision_s=lambda _: None,
-        )  # fmt: skip
+        admission = _admission(fleet, router, 8, SimClock())
         lrus = router.deferred_inserts
         assert lrus.defer_from_blocks == DEFERRED_INSERT_BLOCKS
         small = admission.try_grant(_request("small", 1, long - 1), ())
@@ -163,9 +164,6 @@ def test_the_gateway_applies_waiting_lru_inserts_at_an_answers_end_or_after_the_
     # a synchronous caller (no loop): at once
     fleet = GrantingFleet(_endpoints())
     router = TtcaRouter()
-    admission = Admission(
-        fleet, router, dict.fromkeys(NAMES, 8), max_queue=10, queue_policy="fcfs",
-        clock=SimClock(), observe_decision_s=lambda _: None,
-    )  # fmt: skip
+    admission = _admission(fleet, router, 8, SimClock())
     assert admission.try_grant(_request("sync", 1, long), ()) is not None
     assert router.deferred_inserts.num_pending == 0
