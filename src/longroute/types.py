@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from longroute.fast_init import fast_init
+
 
 class Language(StrEnum):
     """Script family of a prompt, as found by character classes."""
@@ -56,6 +58,7 @@ class PromptText:
                 object.__setattr__(self, name, value[:MAX_PROMPT_TEXT_CHARS])
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Request:
     """One attempt of one user request, as a router sees it.
@@ -166,6 +169,7 @@ class Endpoint:
         return request.num_prompt_tokens + out <= limit
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class EndpointState:
     """What a router may know about one endpoint at a decision point.
@@ -198,6 +202,7 @@ class EndpointState:
         return self.num_inflight_prompt_tokens + self.num_inflight_output_tokens
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RouteDecision:
     """The router's choice and the per-endpoint scores that explain it.

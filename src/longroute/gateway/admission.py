@@ -54,6 +54,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from longroute.clock import Clock
+from longroute.fast_init import fast_init
 from longroute.gateway.granting_fleet import (
     DEFERRED_INSERT_BLOCKS,
     LATE_INSERT_DELAY_S,
@@ -73,6 +74,7 @@ class QueueTimeoutError(Exception):
     """A request waited ``queue_timeout_s`` without a free slot."""
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Grant:
     """A slot on ``endpoint``, taken for one attempt; give it back with ``finish``.

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from longroute.fast_init import fast_init
 from longroute.gateway.errors import bad_request
 from longroute.gateway.prompt import chat_prompt_text
 
@@ -40,6 +41,7 @@ MAX_TOKEN_ID = (1 << 32) - 1
 _DECODER = json.JSONDecoder()  # json.loads's default decoder, called directly
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ParsedBody:
     """A validated request body. Exactly one of ``prompt_text`` / ``prompt_token_ids`` is set."""

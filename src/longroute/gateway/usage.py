@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from longroute.fast_init import fast_init
+
 MAX_TOKENS = 10**9
 _KEY = b'"usage"'
 # after the key: an object (its counts are searched in what follows, the last object)
@@ -28,6 +30,7 @@ MAX_OBJECT_BYTES = 1024
 NON_TOKEN_EVENTS = 3
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Tokens of one answer; ``source``: ``backend`` (its usage object) or ``estimated``

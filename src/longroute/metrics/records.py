@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from longroute.fast_init import fast_init
 from longroute.types import SLO, Request
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
     """What happened to one request attempt, all times in seconds.

@@ -15,7 +15,6 @@ from enum import StrEnum
 
 from longroute.prefix.precise_index import PrecisePrefixIndex
 from longroute.prefix.router_index import RouterPrefixIndex
-from longroute.routing._snapshot import endpoint_state
 from longroute.types import Endpoint, EndpointState, Request
 
 AUTO_MODEL = "auto"
@@ -163,7 +162,7 @@ class FleetView:
                     prompt = round(others * self._mean_prompt_tokens)
                     output = round(others * self._mean_output_tokens)
                 requests += others
-            self._states[name] = endpoint_state(
+            self._states[name] = EndpointState(
                 live.endpoint,
                 live.rtt_ms,
                 requests,

@@ -51,7 +51,6 @@ from longroute.sim.clients import (
 from longroute.sim.engine import EngineModel
 from longroute.sim.engine_policies import EnginePolicies, PolicyBuilder
 from longroute.sim.events import EventLoop
-from longroute.sim.fast_records import new_record, new_request
 from longroute.sim.lengths import LengthView, generated_tokens
 from longroute.sim.network import Network
 from longroute.sim.quiet_gc import quiet_gc
@@ -315,7 +314,7 @@ class Simulation:
             )
             self._dispatch(request, session, turn_index, user, replica=replica)
             return
-        request = new_request(  # Request(...) with these fields, at half its cost
+        request = Request(
             f"{session.session_id}:{turn_index}",  # = query_id_of(...), inlined
             self.loop.now_s,
             turn.num_prompt_tokens,
@@ -327,7 +326,7 @@ class Simulation:
             turn.language,
             turn.task,
             session.conversation,
-            turn.slo or self.default_slo,
+            slo=turn.slo or self.default_slo,
         )
         self._dispatch(request, session, turn_index, user, replica=replica)
 
@@ -475,7 +474,7 @@ class Simulation:
             self._workflows.finish(flight.session, flight.turn_index, num_output)
             is_correct = judge(flight.session, flight.turn_index, endpoint.model)
             query_id = None if is_correct is None else request.program_id
-        record = new_record(  # RequestRecord(...), every field in order, at half its cost
+        record = RequestRecord(  # every field, in order
             request.request_id,
             request.session_id,
             self.router_name,
