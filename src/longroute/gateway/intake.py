@@ -109,7 +109,7 @@ class Job:
         self.is_alias = is_alias
         self.started_s = started_s
         self.deadline_s = started_s + timeout_s
-        self._bodies: dict[str, bytes] = {}
+        self._bodies: dict[str, bytes] | None = None  # made for an alias only
 
     def body_for(self, backend: Backend) -> bytes:
         """The bytes to send: the client's own, or with an alias replaced by the served model.
@@ -118,10 +118,13 @@ class Job:
         """
         if not self.is_alias:
             return self.raw
-        body = self._bodies.get(backend.model)
+        bodies = self._bodies
+        if bodies is None:
+            bodies = self._bodies = {}
+        body = bodies.get(backend.model)
         if body is None:
             rewritten: dict[str, Any] = {**self.parsed.body, "model": backend.model}
-            body = self._bodies[backend.model] = json.dumps(rewritten).encode()
+            body = bodies[backend.model] = json.dumps(rewritten).encode()
         return body
 
     def seconds_left(self) -> float:
