@@ -123,7 +123,7 @@ async def _exchange(
     request = grant.request
     pool = proxy.pools[backend.name]
     # one timer bounds the exchange and the stream's relay: both end at the deadline
-    deadline = Deadline(max(job.seconds_left(), 0.001))
+    deadline = Deadline(max(job.seconds_left(), 0.001), stream.loop)
     try:
         body = job.body_for(backend)
         truth = proxy.engine_truth

@@ -11,6 +11,7 @@ them in three. A short answer that arrived at once is thus one write, not three.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,12 @@ class ResponseStream:
         self._is_started = False
         self._is_ended = False
         self.extra_head = b""  # header lines for this request's response, whole or streamed
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the connection and its handler task run on (None without a connection)."""
+        conn = self._conn
+        return None if conn is None else conn._loop
 
     def add_header(self, name: str, value: str) -> None:
         """A header for this request's response, whole or streamed (e.g. a request id); a
