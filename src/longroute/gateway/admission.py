@@ -168,15 +168,28 @@ class Admission:
 
         Raises NoCandidateError (no eligible backend), QueueFullError, QueueTimeoutError.
         """
-        key = AUTO_MODEL if request.model is None else request.model
-        queue = self._queues.get(key)
+        grant = self.grant_now(request, excluded)
+        if grant is not None:
+            return grant
+        return await self.wait_for_grant(request, excluded, timeout_s)
+
+    def grant_now(self, request: Request, excluded: Collection[str]) -> Grant | None:
+        """:meth:`acquire`'s first step, without a coroutine: a slot now when no request of
+        its model waits, else None (then :meth:`wait_for_grant`, in the same turn of the
+        loop). Raises NoCandidateError."""
+        queue = self._queues.get(AUTO_MODEL if request.model is None else request.model)
         if queue is None:
-            policy = QUEUE_POLICIES.build(self._queue_policy, self._queue_params)
-            queue = self._queues[key] = _Queue(policy)
+            queue = self._queue_of(request)[1]
         if self._live_head(queue) is None:
-            grant = self.try_grant(request, excluded)
-            if grant is not None:
-                return grant
+            return self.try_grant(request, excluded)
+        return None
+
+    async def wait_for_grant(
+        self, request: Request, excluded: Collection[str], timeout_s: float
+    ) -> Grant:
+        """:meth:`acquire`'s second step, right after :meth:`grant_now` gave None: queues
+        ``request`` and waits up to ``timeout_s``. Raises QueueFullError, QueueTimeoutError."""
+        key, queue = self._queue_of(request)
         if self.num_waiting >= self.max_queue:
             raise QueueFullError(f"the gateway queue is full ({self.max_queue} waiting)")
         loop = asyncio.get_running_loop()
@@ -348,6 +361,15 @@ class Admission:
             queue.observe_iterations(queue.num_rounds, self._clock.now_s())
 
     # ---- queue bookkeeping ---------------------------------------------------
+    def _queue_of(self, request: Request) -> tuple[str, _Queue]:
+        """The queue of ``request``'s model (made on first use) and its key."""
+        key = AUTO_MODEL if request.model is None else request.model
+        queue = self._queues.get(key)
+        if queue is None:
+            policy = QUEUE_POLICIES.build(self._queue_policy, self._queue_params)
+            queue = self._queues[key] = _Queue(policy)
+        return key, queue
+
     def _live_head(self, queue: _Queue) -> _Waiter | None:
         now_s = self._clock.now_s()
         policy = queue.policy

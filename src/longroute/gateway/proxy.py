@@ -194,7 +194,9 @@ class Proxy:
                 self.metrics.retries.inc()
                 self.metrics.failovers.labels(failure.kind).inc()
             waited_since_s = time.monotonic()
-            grant = await self._acquire(job, request, failure, config)
+            grant = self._grant_now(job, request, failure, config)
+            if grant is None:  # it must wait for a slot
+                grant = await self._acquire(job, request, failure, config)
             backend = self._backend(grant.endpoint, wiring)
             trace.num_attempts += 1
             trace.endpoint = backend.name
@@ -252,6 +254,18 @@ class Proxy:
         backend = self.wiring.backends.get(name)
         return backend if backend is not None else wiring.backends[name]
 
+    def _grant_now(
+        self, job: Job, request: Request, failure: Failure | None, config: AdmissionConfig
+    ) -> Grant | None:
+        """A slot now (no coroutine: the common case), or None when the request must wait
+        (:meth:`_acquire`, in the same turn of the loop)."""
+        if job.seconds_left() <= 0:
+            raise timeout_error(job.trace.request_id)
+        try:
+            return self.admission.grant_now(request, request.tried_endpoints)
+        except ADMISSION_ERRORS as exc:
+            raise self._admission_error(exc, job, request, failure, config) from None
+
     async def _acquire(
         self, job: Job, request: Request, failure: Failure | None, config: AdmissionConfig
     ) -> Grant:
@@ -259,25 +273,40 @@ class Proxy:
         if seconds_left <= 0:
             raise timeout_error(job.trace.request_id)
         try:
-            return await self.admission.acquire(
+            return await self.admission.wait_for_grant(
                 request,
                 request.tried_endpoints,
                 min(config.queue_timeout_s, seconds_left),
             )
-        except CandidatesExhaustedError as exc:
+        except ADMISSION_ERRORS as exc:
+            raise self._admission_error(exc, job, request, failure, config) from None
+
+    def _admission_error(
+        self,
+        exc: Exception,
+        job: Job,
+        request: Request,
+        failure: Failure | None,
+        config: AdmissionConfig,
+    ) -> GatewayError:
+        """The client's error for admission's refusal ``exc``."""
+        if isinstance(exc, CandidatesExhaustedError):
             # the client's x-longroute-tried names every model: a retry is futile
-            raise GatewayError(409, str(exc), kind="exhausted", code="all_models_tried") from None
-        except NoCandidateError as exc:
+            return GatewayError(409, str(exc), kind="exhausted", code="all_models_tried")
+        if isinstance(exc, NoCandidateError):
             if failure is not None:
-                raise all_failed_error(request.tried_endpoints, failure.message) from None
+                return all_failed_error(request.tried_endpoints, failure.message)
             causes = self.wiring.redactor.client_text(self.health.causes())
-            raise no_candidate_error(request, exc, self.wiring.backends, causes) from None
-        except QueueFullError as exc:
-            raise overloaded_error(429, "queue_full", str(exc), config.retry_after_s) from None
-        except QueueTimeoutError as exc:
-            if job.seconds_left() <= 0:
-                raise timeout_error(job.trace.request_id) from None
-            raise overloaded_error(503, "queue_timeout", str(exc), config.retry_after_s) from None
+            return no_candidate_error(request, exc, self.wiring.backends, causes)
+        if isinstance(exc, QueueFullError):
+            return overloaded_error(429, "queue_full", str(exc), config.retry_after_s)
+        if job.seconds_left() <= 0:  # a QueueTimeoutError at the request's own deadline
+            return timeout_error(job.trace.request_id)
+        return overloaded_error(503, "queue_timeout", str(exc), config.retry_after_s)
+
+
+ADMISSION_ERRORS = (NoCandidateError, QueueFullError, QueueTimeoutError)
+"""What admission refuses a request with (CandidatesExhaustedError is a NoCandidateError)."""
 
 
 def _pool_key(backend: Backend, connect_timeout_s: float) -> tuple[object, ...]:
