@@ -116,6 +116,41 @@ async def test_every_error_carries_the_request_id() -> None:
     assert a.bodies == []
 
 
+async def _raw_reply(url: str, data: bytes) -> bytes:
+    """What the gateway at ``url`` answers to ``data`` written on a raw socket, to its close."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), TEST_TIMEOUT_S)
+    finally:
+        writer.close()
+
+
+@async_test
+async def test_errors_of_the_http_layer_carry_a_new_request_id() -> None:
+    """Errors the HTTP layer answers before a request reaches the gateway (malformed, head or
+    body over a limit) carry an id of their own, logged; a client's id was never read."""
+    a = FakeBackend("a")
+    async with running_fleet(a, admission={"max_body_bytes": 1024}) as fleet:
+        cases = [
+            b"GARBAGE\r\n\r\n",  # 400
+            b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\nHost: h\r\n\r\n",  # 414
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nX-Request-Id: mine\r\n"
+            b"Content-Length: 4096\r\n\r\n",  # 413
+        ]
+        replies = [await _raw_reply(fleet.url, data) for data in cases]
+    ids = []
+    for reply, status in zip(replies, (b"400", b"414", b"413"), strict=True):
+        head = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+        assert head[0].split(" ")[1].encode() == status, head[0]
+        (line,) = [h for h in head if h.lower().startswith("x-request-id:")]
+        ids.append(line.split(":", 1)[1].strip())
+    assert len(set(ids)) == 3 and "mine" not in ids and all(len(i) >= 14 for i in ids)
+    assert a.bodies == []
+
+
 def test_generated_ids_differ_between_processes_and_count_up() -> None:
     first, second = RequestIds(), RequestIds()
     assert first.prefix != second.prefix

@@ -404,10 +404,14 @@ class Gateway:
         reload.apply_wiring`)."""
         apply_wiring(self, wiring)
 
-    def _count_rejected(self, code: str) -> None:
+    def _count_rejected(self, code: str) -> bytes:
         """The server answered a request itself (malformed HTTP, a head or body over its
-        limit, a head past its deadline)."""
+        limit, a head past its deadline): counted, logged at debug with a new request id,
+        which the error's head carries (the client's own id, if any, was not read)."""
         self.metrics.errors.labels(_REJECT_KINDS.get(code, "bad_request")).inc()
+        request_id = self.ids.take(None)
+        log.debug("the HTTP layer answered %s itself (request %s)", code, request_id)
+        return self._id_head % request_id.encode("ascii")
 
     async def drain_requests(self, timeout_s: float) -> DrainReport | None:
         """The graceful drain (:mod:`longroute.gateway.lifecycle`): refuse new connections,

@@ -79,9 +79,11 @@ class ConnectionErrors:
     def _fail(self, status: int, message: str, code: str) -> None:
         self._is_stopped = True
         self._read_started_s = None  # nothing more is read: no read deadline can pass
-        if self.server.on_reject is not None:
-            self.server.on_reject(code)
-        data = wire.error_response(status, message, code, server=self.server_line)
+        on_reject = self.server.on_reject
+        extra = on_reject(code) if on_reject is not None else None
+        data = wire.error_response(
+            status, message, code, server=self.server_line, extra=extra or b""
+        )
         if self._task is None and not self._pending:
             self._write_and_linger(data)
         else:

@@ -43,7 +43,7 @@ class HttpServer:
         max_body_bytes: int,
         keepalive_timeout_s: float = 75.0,
         server_header: str | None = "longroute",
-        on_reject: Callable[[str], None] | None = None,
+        on_reject: Callable[[str], bytes | None] | None = None,
         max_url_bytes: int = head.DEFAULT_MAX_URL_BYTES,
         max_head_bytes: int = head.DEFAULT_MAX_HEAD_BYTES,
         max_header_line_bytes: int = head.DEFAULT_MAX_HEADER_LINE_BYTES,
@@ -54,7 +54,9 @@ class HttpServer:
         """``on_reject(code)`` is called when the server itself answers a request with an
         error (``malformed_request``, ``upgrade_not_supported``, ``request_too_large``,
         ``uri_too_long``, ``request_header_fields_too_large``, ``request_timeout``,
-        ``not_implemented``), before the handler ever sees it. The head limits are
+        ``not_implemented``), before the handler ever sees it; the header lines it returns
+        (CRLF-ended bytes, e.g. a request id; None: none) go into that error's head. The
+        head limits are
         :class:`~longroute.gateway.http.head.HeadLimits`'s (ValueError if not positive)."""
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be positive, got {max_body_bytes}")
