@@ -155,6 +155,13 @@ def test_refuses_what_it_cannot_rebuild() -> None:
     class Derived(Base):
         y: int = 0
 
-    for cls in (Mutable, NoSlots, WithInitVar, NotInit, Derived):
+    @dataclass(frozen=True, slots=True, init=False)
+    class OwnInit:
+        x: int
+
+        def __init__(self, x: int) -> None:
+            object.__setattr__(self, "x", x * 2)
+
+    for cls in (Mutable, NoSlots, WithInitVar, NotInit, Derived, OwnInit):
         with pytest.raises(TypeError, match="fast_init"):
             fast_init(cls)
