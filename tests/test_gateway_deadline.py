@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import uvloop
 
 from longroute.gateway import deadline as deadline_module
 from longroute.gateway.deadline import Deadline
@@ -88,3 +89,31 @@ async def test_a_loop_with_no_task_running_is_an_error() -> None:
             Deadline(1.0, other)  # no task runs on that loop
     finally:
         other.close()
+
+
+def test_a_deadline_due_within_the_clocks_resolution_fires_without_spinning() -> None:
+    """uvloop fires a timer up to a millisecond before its instant (its clock counts whole
+    milliseconds): the heap takes such a deadline as due rather than re-arming until the
+    clock reaches it, one loop turn after another."""
+    arms = 0
+    arm = deadline_module._DeadlineHeap._arm
+
+    def counted(heap: deadline_module._DeadlineHeap, when_s: float) -> None:
+        nonlocal arms
+        arms += 1
+        arm(heap, when_s)
+
+    async def many() -> None:
+        for i in range(50):
+            fired: list[float] = []
+            started_s = asyncio.get_running_loop().time()
+            delay_s = 0.0003 + (i % 10) * 0.0001
+            assert await _guarded(delay_s, 5.0, fired, started_s) == "timeout"
+            assert fired[0] >= delay_s - 0.001  # never more than the resolution early
+
+    deadline_module._DeadlineHeap._arm = counted  # type: ignore[method-assign]
+    try:
+        uvloop.run(many())
+    finally:
+        deadline_module._DeadlineHeap._arm = arm  # type: ignore[method-assign]
+    assert arms <= 2 * 50  # one arm a deadline, a re-arm at most (170 a deadline before)

@@ -26,6 +26,10 @@ import itertools
 
 # below this many entries the heap is not compacted (exited deadlines wait to be popped)
 _MIN_COMPACT_ENTRIES = 64
+# a deadline this close is due when the timer fires: uvloop's clock and timers count whole
+# milliseconds and fire up to one early, as its own per-deadline timers did; waiting for
+# the exact instant would re-arm and spin the loop (~170 turns) until the clock caught up
+_EARLY_S = 0.001
 
 
 class Deadline:
@@ -119,11 +123,11 @@ class _DeadlineHeap:
         the top, and re-arms for the earliest armed deadline left."""
         self._handle = None
         entries = self._entries
-        now_s = self.loop.time()
+        due_s = self.loop.time() + _EARLY_S
         while entries:
             when_s, _, deadline = entries[0]
             if deadline.is_armed:
-                if when_s > now_s:
+                if when_s > due_s:
                     self._arm(when_s)
                     return
                 self.num_armed -= 1
