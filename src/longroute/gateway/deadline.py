@@ -15,7 +15,7 @@ The deadlines of an event loop share ONE loop timer (:class:`_DeadlineHeap`): a
 loop timer (``call_later`` and its ``cancel``) cost about 1.5 us per attempt
 under uvloop, a heap push and a flag about a quarter of that. The timer is armed
 for the earliest deadline in the heap and fires at its instant, so every deadline
-still fires at its own time, as its own timer would have.
+still fires at its own time (within the clock's millisecond), as its own timer would have.
 """
 
 from __future__ import annotations
