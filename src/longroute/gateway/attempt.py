@@ -32,7 +32,6 @@ from longroute.gateway.http.server import ResponseStream
 from longroute.gateway.http.types import JSON_TYPE, HttpResponse
 from longroute.gateway.http.upstream import UpstreamError, UpstreamResponse
 from longroute.gateway.intake import Job
-from longroute.gateway.observe import Tracing
 from longroute.gateway.response_headers import with_prediction
 from longroute.gateway.stream_relay import relay_stream
 
@@ -133,11 +132,7 @@ async def _exchange(
         priorities = proxy.wiring.priorities
         if priorities:  # backends that schedule by priority get one
             body = priorities.body(body, request, backend.name)
-        tracing = proxy.tracing
-        if type(tracing) is Tracing:  # the base class's attempt(): the trace's own lines
-            lines = job.trace.upstream_lines()
-        else:
-            lines = tracing.attempt(job.trace)
+        lines = proxy.tracing.attempt(job.trace)
         response = await pool.request("POST", job.route, body, head_lines=lines)
         try:
             status = response.status

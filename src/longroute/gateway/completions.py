@@ -24,12 +24,7 @@ from longroute.gateway.http.server import ResponseStream
 from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse, lower_items
 from longroute.gateway.intake import Job, authorize
 from longroute.gateway.lifecycle import end_cut_stream
-from longroute.gateway.observe import (
-    RequestTrace,
-    Tracing,
-    valid_traceparent,
-    valid_tracestate,
-)
+from longroute.gateway.observe import RequestTrace, valid_traceparent, valid_tracestate
 from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
 
@@ -62,9 +57,7 @@ class CompletionHandler:
             traceparent=valid_traceparent(headers.get("traceparent")),
             tracestate=valid_tracestate(headers.get("tracestate")),
         )
-        tracing = gw.tracing
-        if type(tracing) is not Tracing:  # the base class's hooks do nothing: skip the call
-            tracing.begin(trace)
+        gw.tracing.begin(trace)
         response: HttpResponse | None
         try:
             response = await self._serve(http_request, headers, stream, trace)

@@ -204,26 +204,21 @@ class Proxy:
             trace.decision_s += grant.decision_s
             trace.scores = grant.decision.scores
             trace.granted_s = now_s = time.monotonic()
-            tracing = self.tracing
-            is_traced = type(tracing) is not Tracing  # the base class's hooks do nothing
-            if is_traced:
-                tracing.granted(trace, waited_since_s, now_s)
+            self.tracing.granted(trace, waited_since_s, now_s)
             if self.tuning is not None:
                 self.tuning.on_dispatch(grant.request, backend.name, now_s)
             outcome = Outcome()
             # as dispatched: with the routing decision's priority (sent to priority backends)
             result = await attempt(self, stream, job, grant, backend, outcome)
             if not isinstance(result, Failure):
-                if is_traced:
-                    tracing.attempt_ended(trace, None)
+                self.tracing.attempt_ended(trace, None)
                 if outcome.is_answered:  # it was theirs: the request is fine elsewhere
                     for name in suspects:
                         self.health.record(name, False, detail=failed_by[name])
                 return result
             failure = result
             trace.failovers += (result.kind,)
-            if is_traced:
-                tracing.attempt_ended(trace, result.kind)
+            self.tracing.attempt_ended(trace, result.kind)
             self.metrics.errors.labels(result.kind).inc()
             log.debug(
                 "attempt %d of %s on %s failed: %s (%s)",
