@@ -11,12 +11,17 @@ request. It also reads each gateway's CPU while idle (``--idle-s``), the backgro
 loops' share. Both gateways run ``gateway_overhead.py``'s config (prefix-cache, no
 access log) in front of its fixed fast backend.
 
+Each round has a third leg: one worker offered half the rate, which is what each of
+two workers gets. If two workers at rate R cost per request what one costs at R/2,
+the extra CPU is each process's own request rate (a process that sleeps between
+requests pays more per request), not the workers' machinery.
+
     python benchmarks/workers_low_load.py [--rates 500,1500] [--rounds 4] [--seconds 4]
         [--mode non-stream|stream] [--idle-s 20]
 
 Prints each round, then per rate the medians and the per-round ratios of two workers'
-CPU per request over one's; the last line is one JSON object (``goals`` empty: this
-explains issue 33's ``--workers 2`` goal, it does not judge it).
+CPU per request over one's at the same rate and at half the rate; the last line is one
+JSON object (``goals`` empty: this explains issue 33's ``--workers 2`` goal, it does not judge it).
 """
 
 from __future__ import annotations
@@ -93,20 +98,23 @@ def main() -> None:
         for workers, ms in idle.items():
             print(f"idle, {workers} worker(s): {ms:.1f} ms of CPU per second", flush=True)
         for rate in rates:
+            legs = [(1, rate, "1"), (2, rate, "2"), (1, rate / 2, "1-half")]
             for r in range(args.rounds):
-                order = list(targets.items())
-                for workers, (base, pid) in order if r % 2 == 0 else reversed(order):
+                order = legs[r % 3 :] + legs[: r % 3]  # each leg first in turn
+                for workers, offered, leg in order if r % 2 == 0 else reversed(order):
+                    base, pid = targets[workers]
                     before = _cpu_s(pid)
                     cmd = [sys.executable, str(OPEN_LOOP), f"{base}/v1/chat/completions",
-                           "--rate", str(rate), "--seconds", str(args.seconds),
+                           "--rate", str(offered), "--seconds", str(args.seconds),
                            "--mode", args.mode]  # fmt: skip
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
                     res = json.loads(out.stdout.strip().splitlines()[-1])
                     res["cpu_us_per_req"] = (
                         1e6 * (_cpu_s(pid) - before) / max(res["num_requests"], 1)
                     )
-                    runs.setdefault(f"{rate}/{workers}", []).append(res)
-                    print(f"[rate {rate}/s, round {r + 1}/{args.rounds}] {workers} worker(s): "
+                    runs.setdefault(f"{rate}/{leg}", []).append(res)
+                    print(f"[rate {rate}/s, round {r + 1}/{args.rounds}] {workers} worker(s) "
+                          f"at {offered:g}/s: "
                           f"{res['cpu_us_per_req']:.0f} us CPU per request, "
                           f"{res['req_per_s']:.0f} req/s, p50 {res['p50_ms']:.2f} ms, "
                           f"{res['num_errors']} errors", flush=True)  # fmt: skip
@@ -115,22 +123,35 @@ def main() -> None:
             stop(proc)
     summary: dict[str, object] = {"idle_cpu_ms_per_s": idle, "rates": {}}
     for rate in rates:
-        one, two = runs[f"{rate}/1"], runs[f"{rate}/2"]
+        one, two, half = runs[f"{rate}/1"], runs[f"{rate}/2"], runs[f"{rate}/1-half"]
         ratios = [b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in zip(one, two, strict=True)]
-        row = {
-            f"workers_{w}": {
+        vs_half = [
+            b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in zip(half, two, strict=True)
+        ]
+        medians = {
+            name: {
                 k: statistics.median(x[k] for x in rs)
                 for k in ("cpu_us_per_req", "req_per_s", "p50_ms")
             }
-            for w, rs in ((1, one), (2, two))
+            for name, rs in (("workers_1", one), ("workers_2", two), ("workers_1_half_rate", half))
         }
-        row["cpu_ratio_per_round"] = ratios
-        row["cpu_ratio_median"] = statistics.median(ratios)
+        row: dict[str, object] = {
+            **medians,
+            "cpu_ratio_per_round": ratios,
+            "cpu_ratio_median": statistics.median(ratios),
+            "cpu_ratio_vs_half_rate_per_round": vs_half,
+            "cpu_ratio_vs_half_rate_median": statistics.median(vs_half),
+        }
         summary["rates"][str(rate)] = row  # type: ignore[index]
         each = ", ".join(f"{x:.2f}" for x in ratios)
-        print(f"{rate}/s: CPU per request, 1 worker {row['workers_1']['cpu_us_per_req']:.0f} us, "
-              f"2 workers {row['workers_2']['cpu_us_per_req']:.0f} us; 2/1 per round "
-              f"{each}, median {statistics.median(ratios):.2f}")  # fmt: skip
+        each_half = ", ".join(f"{x:.2f}" for x in vs_half)
+        cpu = {name: m["cpu_us_per_req"] for name, m in medians.items()}
+        print(f"{rate}/s: CPU per request, 1 worker {cpu['workers_1']:.0f} us, "
+              f"2 workers {cpu['workers_2']:.0f} us, 1 worker at "
+              f"{rate / 2:g}/s {cpu['workers_1_half_rate']:.0f} us; "
+              f"2/1 per round {each} (median {statistics.median(ratios):.2f}); "
+              f"2 / 1 at half the rate {each_half} "
+              f"(median {statistics.median(vs_half):.2f})")  # fmt: skip
     print(json.dumps({**summary, "goals": {}}, sort_keys=True))
 
 

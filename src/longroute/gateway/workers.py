@@ -28,6 +28,7 @@ import ctypes
 import itertools
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -44,7 +45,9 @@ MAX_WORKERS_PER_CORE = 4
 RESTART_BACKOFF_S = 0.5
 MAX_RESTART_BACKOFF_S = 30.0
 STABLE_AFTER_S = 30.0
-_POLL_S = 0.05
+MAX_SLEEP_S = 1.0
+"""The longest the parent sleeps without looking at its workers (a safety net: a worker's
+exit and every signal wake it at once)."""
 _PR_SET_PDEATHSIG = 1
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -104,8 +107,11 @@ class _Worker:
 class Supervisor:
     """Runs ``num_workers`` processes ``argv_for(i)`` until a stop signal drained them all.
 
-    Call :meth:`run` from the main thread (it installs signal handlers); it polls its
-    children every 50 ms, O(workers) per poll.
+    Call :meth:`run` from the main thread (it installs signal handlers). It sleeps until
+    a signal arrives (SIGCHLD when a worker exits, or one it forwards: the handlers write
+    to a wake-up pipe, ``signal.set_wakeup_fd``) or a restart is due, and looks at its
+    children at least every ``MAX_SLEEP_S``: an idle parent wakes about once a second,
+    where a 50 ms poll cost some 3 ms of CPU a second. O(workers) per wake-up.
     """
 
     def __init__(self, argv_for: Callable[[int], Sequence[str]], num_workers: int) -> None:
@@ -118,7 +124,12 @@ class Supervisor:
 
     def run(self) -> int:
         """Starts every worker and supervises them; returns the parent's exit status."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        previous_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         previous = {s: signal.signal(s, self._on_signal) for s in _FORWARDED}
+        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, _on_child)
         try:
             for worker in self.workers:
                 self._start(worker)
@@ -126,10 +137,17 @@ class Supervisor:
                 self._handle_signals()
                 self._reap()
                 self._restart_due()
-                time.sleep(_POLL_S)
+                if self.is_stopping and self._all_exited():
+                    break
+                # a signal between the checks above and here is in the pipe already
+                select.select([wake_r], [], [], self._sleep_s())
+                _drain(wake_r)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(wake_r)
+            os.close(wake_w)
             self._kill_leftovers()
         codes = [w.exit_code for w in self.workers]
         if all(code == 0 for code in codes):
@@ -137,6 +155,13 @@ class Supervisor:
             return 0
         log.error("workers ended with exit codes %s", codes)
         return 1
+
+    def _sleep_s(self) -> float:
+        """Until the next restart is due, at most MAX_SLEEP_S."""
+        due = [w.restart_at_s for w in self.workers if w.restart_at_s is not None]
+        if not due:
+            return MAX_SLEEP_S
+        return min(MAX_SLEEP_S, max(0.0, min(due) - time.monotonic()))
 
     def _on_signal(self, signum: int, _: object) -> None:
         self._signals.append(signum)  # acted on by the loop, outside the handler
@@ -204,6 +229,19 @@ class Supervisor:
             if worker.process is not None and worker.process.poll() is None:
                 worker.process.kill()
                 worker.process.wait()
+
+
+def _on_child(signum: int, frame: object) -> None:
+    """SIGCHLD's handler: nothing; that it runs writes the wake-up pipe."""
+
+
+def _drain(fd: int) -> None:
+    """Empties the non-blocking wake-up pipe."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _die_with_parent(parent_pid: int) -> Callable[[], None] | None:
