@@ -57,8 +57,8 @@ from longroute.clock import Clock
 from longroute.fast_init import fast_init
 from longroute.gateway.granting_fleet import (
     DEFERRED_INSERT_BLOCKS,
-    LATE_INSERT_DELAY_S,
     GrantingFleet,
+    LateFlush,
 )
 from longroute.queueing import QUEUE_POLICIES, QueuePolicy
 from longroute.routing.base import Router
@@ -154,7 +154,7 @@ class Admission:
         )
         self._needs_observed_length = bool(getattr(router, "needs_observed_length", False))
         self._deferred: _DeferredInserts | None = None
-        self._deferred_handle: asyncio.Handle | None = None
+        self._late_deferred = LateFlush(self._apply_deferred)
         self._attach_deferred(router)
         self._capacity = dict(capacities)
         self._inflight = dict.fromkeys(capacities, 0)
@@ -226,14 +226,7 @@ class Admission:
         self.router.on_complete(request, endpoint, self._clock.now_s(), is_ok)
         deferred = self._deferred
         if deferred is not None and deferred.num_pending:  # after this turn: answer written
-            if self._deferred_handle is not None:
-                self._deferred_handle.cancel()
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop: nothing left to wait for
-                self._apply_deferred()
-            else:
-                self._deferred_handle = loop.call_soon(self._apply_deferred)
+            self._late_deferred.after_answer()
         self._inflight[endpoint] -= 1
         if self.num_waiting:
             self.wake()
@@ -301,13 +294,8 @@ class Admission:
         self.fleet.record_dispatch(request, name, now_s)
         self.router.on_dispatch(request, name, now_s)
         deferred = self._deferred
-        if deferred is not None and deferred.num_pending and self._deferred_handle is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # a synchronous caller: nothing to overlap with
-                deferred.apply_pending()
-            else:
-                self._deferred_handle = loop.call_later(LATE_INSERT_DELAY_S, self._apply_deferred)
+        if deferred is not None and deferred.num_pending:
+            self._late_deferred.after_dispatch()
         return Grant(name, decision, decision_s, request)
 
     def _attach_deferred(self, router: Router) -> None:
@@ -320,7 +308,6 @@ class Admission:
         self._deferred = deferred
 
     def _apply_deferred(self) -> None:
-        self._deferred_handle = None
         if self._deferred is not None:
             self._deferred.apply_pending()
 

@@ -36,7 +36,7 @@ is every prompt without a running event loop (a synchronous caller).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from longroute.prefix.precise_index import PrecisePrefixIndex
 from longroute.prefix.router_index import RouterPrefixIndex
@@ -53,6 +53,50 @@ MAX_PENDING_INSERTS = 64
 """Waiting inserts beyond which they are applied at once."""
 
 
+class LateFlush:
+    """When waiting work (``apply``) runs: :meth:`after_dispatch` at the latest
+    ``LATE_INSERT_DELAY_S`` later, :meth:`after_answer` at the loop's next turn (the
+    answer is written by then); without a running loop (a synchronous caller), at once.
+    Used by the fleet's prefix index and by a router's deferred inserts (admission)."""
+
+    __slots__ = ("_apply", "_handle")
+
+    def __init__(self, apply: Callable[[], None]) -> None:
+        self._apply = apply
+        self._handle: asyncio.Handle | None = None
+
+    def after_dispatch(self) -> None:
+        """Work was queued: run it within the delay (a pending run stays as it is)."""
+        if self._handle is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # nothing to overlap with
+            self._apply()
+        else:
+            self._handle = loop.call_later(LATE_INSERT_DELAY_S, self._run)
+
+    def after_answer(self) -> None:
+        """An answer ended: run the work at the loop's next turn."""
+        self.cancel()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # the loop is gone: nothing left to wait for
+            self._apply()
+        else:
+            self._handle = loop.call_soon(self._run)
+
+    def cancel(self) -> None:
+        """The work ran some other way: nothing is due."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _run(self) -> None:
+        self._handle = None
+        self._apply()
+
+
 class GrantingFleet(FleetView):
     """A :class:`FleetView` whose candidate list can be pinned for one routing call, and
     whose long prompts reach the prefix index when the loop would otherwise wait."""
@@ -60,7 +104,7 @@ class GrantingFleet(FleetView):
     _pinned_request: Request | None = None
     _pinned: list[EndpointState] | None = None
     _index: RouterPrefixIndex | PrecisePrefixIndex
-    _flush_handle: asyncio.Handle | None = None
+    _late: LateFlush | None = None
 
     @property
     def prefix_index(self) -> RouterPrefixIndex | PrecisePrefixIndex:
@@ -98,27 +142,26 @@ class GrantingFleet(FleetView):
             FleetView.record_holdings(self, request, endpoint, now_s)
             return
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous caller): nothing to overlap with
             FleetView.record_holdings(self, request, endpoint, now_s)
             return
         self._pending.append((request, endpoint, now_s))
         if len(self._pending) >= MAX_PENDING_INSERTS:
             self.apply_pending_inserts()
-        elif self._flush_handle is None:
-            self._flush_handle = loop.call_later(LATE_INSERT_DELAY_S, self.apply_pending_inserts)
+        else:
+            self._late_flush().after_dispatch()
 
     def record_complete(self, request: Request, endpoint: str, is_prefill_counted: bool) -> None:
         FleetView.record_complete(self, request, endpoint, is_prefill_counted)
         if self._pending:  # after this turn: the answer is written by then
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # the loop is gone: nothing left to wait for
-                self.apply_pending_inserts()
-                return
-            self._flush_handle = loop.call_soon(self.apply_pending_inserts)
+            self._late_flush().after_answer()
+
+    def _late_flush(self) -> LateFlush:
+        late = self._late
+        if late is None:
+            late = self._late = LateFlush(self.apply_pending_inserts)
+        return late
 
     def set_endpoints(self, endpoints: Sequence[Endpoint]) -> list[str]:
         names = {e.name for e in endpoints}  # an endpoint retired now learns nothing more
@@ -127,9 +170,8 @@ class GrantingFleet(FleetView):
 
     def apply_pending_inserts(self) -> None:
         """Insert every waiting prompt's blocks, in dispatch order; O(their blocks)."""
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
+        if self._late is not None:
+            self._late.cancel()
         pending, self._pending = self._pending, []
         index = self._index
         for request, endpoint, now_s in pending:
