@@ -200,7 +200,9 @@ def _run(
                               name="envoy-direct", concurrency=args.envoy_concurrency)  # fmt: skip
         envoys.append(direct.start())
         targets[DIRECT] = direct.url
-        pickers = [(EPP, ["--response-bodies", args.response_bodies], None)]
+        pickers: list[tuple[str, list[str], Path | None]] = [
+            (EPP, ["--response-bodies", args.response_bodies], None)
+        ]
         if base is not None:
             pickers.append((f"{EPP} {args.baseline}", [], base))
         for i, (label, picker_args, source) in enumerate(pickers):
@@ -217,7 +219,9 @@ def _run(
             pids[label] = proc.pid
         runs: dict[str, list[Figures]] = {label: [] for label in targets}
         rate_labels = [DIRECT, *(label for label, _, _ in pickers)]
-        rate_runs = {r: {label: [] for label in rate_labels} for r in rates}
+        rate_runs: dict[float, dict[str, list[Figures]]] = {
+            r: {label: [] for label in rate_labels} for r in rates
+        }
         large_runs: dict[str, list[Figures]] = {label: [] for label in targets}
         for round_index in range(args.repeat):
             for label, base_url in targets.items() if not args.large_only else ():
