@@ -38,6 +38,14 @@ to sglang-router; the last line is one JSON object. Its ``goals``: issue 32's
 ``ahead_of_sglang`` (>= 1.2x sglang-router's throughput) and ``cpu_vs_sglang``
 (<= 0.7x its CPU per request), the worst of the plain gateway's four cells.
 
+The goals are ratios of medians. Beside them, each goal's cells are also paired by
+round (the two targets ran minutes apart at most, in the same round) and printed as
+the median of the per-round ratios with a 95% bootstrap CI and the rounds won
+(``longroute.sweep.stats.paired_ratio``, rounds in place of seeds); the JSON line's
+``paired`` holds them (goal -> cell -> ``median``, ``ci``, ``rounds``, ``won``). A cell
+whose CI holds the goal's target is not resolved by the run, whichever side its median
+falls on.
+
     python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
         [--workers 2 [--workers-only]] [--baseline-src DIR] [--floor]
 """
@@ -322,7 +330,10 @@ def _run_all(args: argparse.Namespace) -> None:
     goals = _goals(results)
     if args.workers > 1:
         goals.update(_worker_goals(results, args.workers))
-    extra = {"vs_baseline": versus_base} if versus_base else {}
+    extra: dict[str, object] = {"vs_baseline": versus_base} if versus_base else {}
+    paired = _paired_by_round(runs)
+    if paired:
+        extra["paired"] = paired
     print(json.dumps({**results, **extra, "goals": goals}, sort_keys=True))
 
 
@@ -450,6 +461,67 @@ def _ahead_goals(results: dict[str, dict[str, dict[str, float]]]) -> dict[str, d
             "met": None if leanest is None else leanest <= 0.7,
         },
     }
+
+
+# (goal, the field compared, is a higher value better, its target): the cells of each
+# goal as (target label, reference label) pairs come from _paired_cells
+_PAIRED_GOALS = (
+    ("observed_vs_plain", "req_per_s", True, 0.95),
+    ("observed_vs_sglang", "req_per_s", True, 1.0),
+    ("ahead_of_sglang", "req_per_s", True, 1.2),
+    ("cpu_vs_sglang", "cpu_us_per_req", False, 0.7),
+)
+
+
+def _paired_cells(goal: str, labels: list[str]) -> list[tuple[str, str]]:
+    """(target, reference) labels whose per-round ratio makes up ``goal``'s cells."""
+    if goal == "observed_vs_plain":
+        return [(label, label.removesuffix(OBSERVED)) for label in labels
+                if label.endswith(OBSERVED) and not label.startswith(BASE)
+                and label.removesuffix(OBSERVED) in labels]  # fmt: skip
+    if "sglang-router" not in labels:
+        return []
+    if goal == "observed_vs_sglang":
+        return [(label, "sglang-router") for label in labels
+                if label.endswith(OBSERVED) and not label.startswith(BASE)]  # fmt: skip
+    return [(f"longroute {router}", "sglang-router") for router in ("round-robin", "prefix-cache")
+            if f"longroute {router}" in labels]  # fmt: skip
+
+
+def _paired_by_round(
+    runs: dict[str, list[dict[str, dict[str, float]]]],
+) -> dict[str, dict[str, dict[str, object]]]:
+    """Each goal's cells as per-round ratios: median, 95% CI, rounds won; printed too."""
+    from longroute.sweep.stats import paired_ratio
+
+    out: dict[str, dict[str, dict[str, object]]] = {}
+    labels = list(runs)
+    for goal, field, is_higher_better, target in _PAIRED_GOALS:
+        for label, reference in _paired_cells(goal, labels):
+            for mode in runs[label][0] if runs[label] else ():
+                values = [r[mode].get(field) for r in runs[label]]
+                base = [r[mode].get(field) for r in runs[reference]]
+                if any(v is None for v in values + base) or len(values) != len(base):
+                    continue
+                ratio = paired_ratio(values, base, is_lower_better=not is_higher_better)  # type: ignore[arg-type]
+                est = ratio.estimate
+                assert est.ci is not None or est.num_seeds < 2
+                low, high = est.ci if est.ci is not None else (est.median, est.median)
+                verdict = (
+                    "unresolved" if low <= target <= high
+                    else "met" if (est.median >= target) == is_higher_better
+                    else "missed"
+                )  # fmt: skip
+                cell = f"{label.removeprefix('longroute ')} {mode}"
+                out.setdefault(goal, {})[cell] = {
+                    "median": est.median, "ci": [low, high], "rounds": list(ratio.ratios),
+                    "won": ratio.num_wins,
+                }  # fmt: skip
+                print(f"{goal} {cell}: {est.format()} paired by round, "
+                      f"{ratio.num_wins} of {ratio.num_seeds} rounds "
+                      f"{'above' if is_higher_better else 'below'} 1; target {target}: "
+                      f"{verdict}")  # fmt: skip
+    return out
 
 
 def _print_target(label: str, res: dict[str, dict[str, float]],
