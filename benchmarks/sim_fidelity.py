@@ -21,7 +21,11 @@ Emulated run: the same bench (same seed, same schedule) against two ``longroute
 emulate`` processes with the measured profile, behind the same gateway.
 
 Every vLLM prefix cache is reset (``/reset_prefix_cache``, vLLM's dev mode) and a
-fresh gateway (empty router index) started before each run. Ends with one JSON line.
+fresh gateway (empty router index) started before each run. The routers take turns
+going first: in run r at load l (0 light, 1 heavy) ``least-load`` goes first when r + l
+is even, so with an even ``--runs`` each router leads at each load in half the runs and
+a host that drifts within a run does not always favour the same router. Ends with one
+JSON line, which also holds every run's figures (``real_by_run``, ``sim_by_run``).
 
     .venv/bin/python benchmarks/sim_fidelity.py [--quick] [--runs 3] [--profile engine.yaml]
 """
@@ -169,8 +173,8 @@ def _real_and_sim(
     for run in range(args.runs):
         seed = args.seed + run
         wl = workload(num_requests, seed)
-        for load, rate in rates.items():
-            for router in ROUTERS:
+        for load_index, (load, rate) in enumerate(rates.items()):
+            for router in router_order(run, load_index):
                 for e in engines:
                     _post(e.url + "/reset_prefix_cache")
                 opts = _options(rate / turns, seed, num_requests)
@@ -185,7 +189,8 @@ def _real_and_sim(
                 sim_runs.setdefault(key, []).append(sim_m)
                 cpus[key] = cpu
                 _progress("vLLM", run, key, real_runs[key][-1], sim_runs[key][-1], cpu)
-    plan = {"rates": rates, "turns": turns, "num_requests": num_requests, "ratio": ratio}
+    plan = {"rates": rates, "turns": turns, "num_requests": num_requests, "ratio": ratio,
+            "real_by_run": real_runs, "sim_by_run": sim_runs}  # fmt: skip
     real = {k: median_metrics(v) for k, v in real_runs.items()}
     sim = {k: median_metrics(v) for k, v in sim_runs.items()}
     return real, sim, cpus, plan
@@ -198,8 +203,8 @@ def _emulated(
     for run in range(args.runs):
         seed = args.seed + run
         wl = workload(plan["num_requests"], seed)
-        for load, rate in plan["rates"].items():
-            for router in ROUTERS:
+        for load_index, (load, rate) in enumerate(plan["rates"].items()):
+            for router in router_order(run, load_index):
                 emus = [live.start_emulator(f"vllm-{i}", i, engine_yaml, out) for i in range(2)]
                 try:
                     live.wait_all(emus, out, timeout_s=60)
@@ -213,6 +218,11 @@ def _emulated(
                 runs.setdefault((router, load), []).append(m)
                 _progress("emulator", run, (router, load), m, None, cpu)
     return {k: median_metrics(v) for k, v in runs.items()}
+
+
+def router_order(run: int, load_index: int) -> tuple[str, ...]:
+    """The routers in the order run ``run`` measures them at load ``load_index``."""
+    return ROUTERS if (run + load_index) % 2 == 0 else ROUTERS[::-1]
 
 
 def _options(session_rate: float, seed: int, num_requests: int) -> BenchOptions:
@@ -274,6 +284,8 @@ def _report(
         "real": {"/".join(k): v for k, v in real.items()},
         "sim": {"/".join(k): v for k, v in sim.items()},
         "emulator": {"/".join(k): v for k, v in emu.items()},
+        "real_by_run": {"/".join(k): v for k, v in plan["real_by_run"].items()},
+        "sim_by_run": {"/".join(k): v for k, v in plan["sim_by_run"].items()},
     }
     print(json.dumps(summary, separators=(",", ":")))
 

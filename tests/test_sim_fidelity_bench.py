@@ -87,3 +87,14 @@ def test_goals_take_the_worst_error_and_compare_router_order() -> None:
     assert g["cache_hit_ratio"]["met"] and g["router_ranking"]["met"]
     flipped = {("a", "light"): m(2.1, 0.5), ("b", "light"): m(2.0, 0.6)}
     assert not report.goals(real, flipped)["router_ranking"]["met"]
+
+
+def test_each_router_goes_first_at_each_load_in_half_the_runs() -> None:
+    bench = load_benchmark("sim_fidelity.py")
+    for load_index in (0, 1):
+        firsts = [bench.router_order(run, load_index)[0] for run in range(4)]
+        assert sorted(firsts) == sorted(bench.ROUTERS * 2)
+        for run in range(4):
+            assert sorted(bench.router_order(run, load_index)) == sorted(bench.ROUTERS)
+    # within a run the two loads start with different routers
+    assert bench.router_order(0, 0)[0] != bench.router_order(0, 1)[0]
