@@ -70,8 +70,7 @@ VERBS = (
     Verb(
         "profile",
         "longroute.profiling.cli:profile_command",
-        "Measure an OpenAI-compatible engine's prefill and decode times and limits, fit a\n"
-        "profile the simulator, the emulator and ttca load (as an endpoint's hardware).",
+        "Measure an engine from outside and fit the profile that simulate, emulate and ttca load.",
     ),
     Verb(
         "fit",

@@ -58,8 +58,7 @@ def profile_command(
         ),
     ] = "fastest",
 ) -> None:
-    """Measure an OpenAI-compatible engine's prefill and decode times and limits, fit a
-    profile the simulator, the emulator and ttca load (as an endpoint's hardware)."""
+    """Measure an engine from outside and fit the profile that simulate, emulate and ttca load."""
     import os
 
     from longroute.estimators.measured_engine import write_measured_engine
