@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -603,9 +605,225 @@ def run_moe(torch: Any, bench: Bench, rec: Recorder) -> None:
             rec.flush()
 
 
+# ---------------------------------------------------------------- FlashAttention 4
+
+FA4_Q = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FA4_C = (0, 4096, 16384, 65536, 131072, 262144, 1048576)
+FA4_DECODE_B = (1, 16, 64, 256)
+FA4_DECODE_C = (2048, 8192, 32768, 131072)
+FA4_POINT_S = 0.05  # longest call timed (estimated at 400 TFLOP/s and 2.5 TB/s)
+
+
+def load_fa4(rec: Recorder) -> Any | None:
+    """``flash_attn.cute`` (FlashAttention 4, CuTe DSL: Hopper-native warp-specialised
+    kernels with split-KV, the design of the FA3 kernel vLLM runs on Hopper), or
+    None with the reason in meta. It is not in the GPU image: the run that wants it
+    puts the wheels on ``PYTHONPATH`` (docs in data/profiles/measured/README.md)."""
+    try:
+        import importlib
+
+        fa4 = importlib.import_module("flash_attn.cute")
+    except Exception as exc:
+        rec.meta["fa4"] = f"not importable: {type(exc).__name__}: {exc}"[:300]
+        print(rec.meta["fa4"], flush=True)
+        return None
+    rec.meta["fa4"] = getattr(fa4, "__version__", "unknown")
+    return fa4
+
+
+class Fa4Chunk:
+    """``batch`` causal chunks of ``q_tokens`` new tokens, each after ``ctx`` cached
+    tokens, in one call of FA4's forward (bottom-right causal mask, native GQA,
+    ``splits`` = 0: the kernel's own split-KV heuristic, as an engine calls it)."""
+
+    def __init__(
+        self,
+        torch: Any,
+        fa4: Any,
+        heads: tuple[int, int],
+        q_tokens: int,
+        ctx: int,
+        batch: int = 1,
+        copies: int = 1,
+    ) -> None:
+        hq, hkv = heads
+        self.torch, self.fn, self.copies = torch, fa4.flash_attn_func, copies
+        self.qs = [_rand(torch, batch, q_tokens, hq, HEAD_DIM) for _ in range(copies)]
+        self.ks = [_rand(torch, batch, ctx + q_tokens, hkv, HEAD_DIM) for _ in range(copies)]
+        self.vs = [_rand(torch, batch, ctx + q_tokens, hkv, HEAD_DIM) for _ in range(copies)]
+        self.first_call_s = 0.0
+
+    def __call__(self, i: int = 0) -> Any:
+        j = i % self.copies
+        out = self.fn(self.qs[j], self.ks[j], self.vs[j], causal=True, num_splits=1)
+        return out[0] if isinstance(out, tuple) else out
+
+    def reference(self) -> Any:
+        """The first copy's attention in float32 (the check), FA4's layout."""
+        torch = self.torch
+        q, k, v = (t[0].float().transpose(0, 1) for t in (self.qs[0], self.ks[0], self.vs[0]))
+        g = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(g, dim=0), v.repeat_interleave(g, dim=0)
+        s = q @ k.transpose(-1, -2) / HEAD_DIM**0.5
+        lq, lk = q.shape[-2], k.shape[-2]
+        qi = torch.arange(lq, device="cuda")[:, None] + (lk - lq)
+        kj = torch.arange(lk, device="cuda")[None, :]
+        s = s.masked_fill(kj > qi, float("-inf"))
+        return (torch.softmax(s, dim=-1) @ v).transpose(0, 1)
+
+
+def check_fa4(torch: Any, fa4: Any, rec: Recorder) -> bool:
+    """FA4 against float32 on a chunk after a context and on decode rows (relative
+    error under 2e-2); the first call's seconds (its JIT compile) are recorded."""
+    result: dict[str, str] = {}
+    ok = True
+    for label, hq, hkv in (h for h in HEAD_CONFIGS if h[0] in LONG_HEADS):
+        for q_len, ctx in ((48, 4000), (1, 1000)):
+            name = f"{label} q{q_len} after {ctx}"
+            try:
+                t = time.perf_counter()
+                chunk = Fa4Chunk(torch, fa4, (hq, hkv), q_len, ctx)
+                out = chunk()
+                torch.cuda.synchronize()
+                took = time.perf_counter() - t
+                ref = chunk.reference()
+                err = float((out[0].float() - ref).norm() / ref.norm())
+            except Exception as exc:
+                result[name] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                ok = False
+                continue
+            result[name] = f"relative error {err:.2e}, first call {took:.1f} s"
+            ok = ok and err < 2e-2
+    rec.meta["fa4_check"] = result
+    print(f"fa4 check: {result}", flush=True)
+    return ok
+
+
+def run_fa4(torch: Any, bench: Bench, rec: Recorder) -> None:
+    """``attention_fa4.csv`` (chunks after contexts, FA4_Q x FA4_C) and
+    ``attention_fa4_decode.csv`` (FA4_DECODE_B x FA4_DECODE_C) for the long-context
+    head configurations, 32q8kv first."""
+    fa4 = load_fa4(rec)
+    if fa4 is None or not check_fa4(torch, fa4, rec):
+        return
+    compiles: dict[str, float] = {}
+    heads = list(HEAD_CONFIGS)
+    for label, hq, hkv in heads:
+        line = []
+        for ctx in FA4_C:
+            for q_len in FA4_Q:
+                point = {"backend": "fa4", "heads": label, "q_tokens": q_len, "context_tokens": ctx}
+                pairs = q_len * ctx + q_len * (q_len + 1) / 2
+                kv_bytes = 2.0 * hkv * (ctx + q_len) * HEAD_DIM * BF16
+                est = max(4.0 * hq * HEAD_DIM * pairs / 400e12, kv_bytes / 2.5e12)
+                r = _fa4_point(
+                    torch,
+                    bench,
+                    rec,
+                    "attention_fa4",
+                    point,
+                    est,
+                    kv_bytes,
+                    compiles,
+                    partial(Fa4Chunk, torch, fa4, (hq, hkv), q_len, ctx, 1),
+                )
+                if r is None:
+                    continue
+                nc = int(r.pop("copies"))
+                modes = ("native", "fa4_one_split")
+                rec.add(
+                    "attention_fa4",
+                    attention_row(point, (hq, hkv), modes, pairs, kv_bytes, r, kv_bytes, nc),
+                )
+                if q_len in (16, 4096) and ctx in (0, 131072, 1048576):
+                    line.append(f"q{q_len}c{ctx // 1024}K={r['median_us']:.0f}us")
+            free_memory(torch)
+        print(f"fa4 {label}: " + " ".join(line), flush=True)
+        rec.flush()
+    for label, hq, hkv in heads:
+        line = []
+        for b in FA4_DECODE_B:
+            for ctx in FA4_DECODE_C:
+                point = {"backend": "fa4", "heads": label, "batch": b, "context_tokens": ctx}
+                kv_bytes = 2.0 * b * hkv * ctx * HEAD_DIM * BF16
+                r = _fa4_point(
+                    torch,
+                    bench,
+                    rec,
+                    "attention_fa4_decode",
+                    point,
+                    kv_bytes / 2.5e12,
+                    kv_bytes,
+                    compiles,
+                    partial(Fa4Chunk, torch, fa4, (hq, hkv), 1, ctx - 1, b),
+                )
+                if r is None:
+                    continue
+                t = r["median_us"] * 1e-6
+                rec.add(
+                    "attention_fa4_decode",
+                    {
+                        **point,
+                        "q_heads": hq,
+                        "kv_heads": hkv,
+                        "head_dim": HEAD_DIM,
+                        "gqa": "native",
+                        "kv_bytes": kv_bytes,
+                        **r,
+                        "tflops": 4.0 * b * hq * HEAD_DIM * ctx / t / 1e12,
+                        "gbps": kv_bytes / t / 1e9,
+                        "model_kv_gbps": kv_bytes / t / 1e9,
+                    },
+                )
+                if (b, ctx) in ((1, 8192), (64, 32768)):
+                    line.append(f"b{b}c{ctx}={kv_bytes / t / 1e9:.0f}GB/s")
+            free_memory(torch)
+        print(f"fa4 decode {label}: " + " ".join(line), flush=True)
+        rec.flush()
+    rec.meta["fa4_first_call_s"] = compiles
+
+
+def _fa4_point(
+    torch: Any,
+    bench: Bench,
+    rec: Recorder,
+    table: str,
+    point: dict[str, Any],
+    est_s: float,
+    kv_bytes: float,
+    compiles: dict[str, float],
+    make: Callable[[int], Fa4Chunk],
+) -> dict[str, float] | None:
+    """One timed FA4 point (None when skipped, with the reason recorded); operands
+    rotate past L2; the first call's seconds are kept where it compiled a kernel."""
+    if kv_bytes > KV_CAP_BYTES:
+        rec.skip(table, point, "kv over 40 GiB")
+        return None
+    if est_s > FA4_POINT_S or not bench.fits(est_s + 5e-5):
+        rec.skip(table, point, "time budget")
+        return None
+    nc = min(8, copies_for(kv_bytes))
+    try:
+        chunk = make(nc)
+        t = time.perf_counter()
+        chunk()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t
+        if first > 0.5:
+            compiles["/".join(str(v) for v in point.values())] = round(first, 1)
+        r = bench.measure(chunk, rotate=nc)
+    except Exception as exc:
+        free_memory(torch)
+        reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
+        rec.skip(table, point, reason)
+        return None
+    del chunk
+    return {**r, "copies": nc}
+
+
 # ---------------------------------------------------------------- main
 
-SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa", "moe", "long_cudnn")
+SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa", "moe", "long_cudnn", "fa4")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -645,6 +863,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         "knee": lambda: run_knee(torch, bench, rec),
         "moe": lambda: run_moe(torch, bench, rec),
+        "fa4": lambda: run_fa4(torch, bench, rec),
     }
     for name in SECTIONS:
         if name in sections:
