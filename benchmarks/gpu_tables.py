@@ -9,10 +9,12 @@ and prints, per GPU:
    point, by token band; leave-one-model-out (fit on three models, report on the
    fourth); and the shipped fit against Vidur's own H100 tables.
 2. **Attention**: the predictor's analytic term, max(FLOPs at ``attention_mfu``,
-   KV bytes at ``bandwidth_efficiency``), against the fastest correct kernel
-   measured at each point (torch's FlashAttention, its split-KV form for short
-   chunks after long contexts, cuDNN, and cuDNN on a chunk after a context as two
-   calls merged), by regime; the kernels that were fastest are counted.
+   KV bytes at the KV bandwidth efficiency), at the efficiencies fitted to these
+   tables (``calibration_attention``) and at the hand-set ones they replaced,
+   against the fastest correct kernel measured at each point (torch's
+   FlashAttention, its split-KV form for short chunks after long contexts, cuDNN,
+   cuDNN on a chunk after a context as two calls merged, FlashAttention 4's Hopper
+   kernel), by regime; the kernels that were fastest are counted.
 3. **Riders** (Medha's multi-prefill batching, issue 34 item 4): what k tokens of
    a fresh prefill add to the non-attention work (GEMMs, norms, SiLU, adds) of one
    layer that runs a late chunk of a long prefill, measured (graph-timed, chunk +
@@ -45,6 +47,7 @@ from longroute.estimators.calibration import (
     LinearFit,
     load_calibration,
 )
+from longroute.estimators.calibration_attention import AttentionPoint, read_attention_points
 from longroute.estimators.calibration_build import calibrate
 from longroute.estimators.calibration_fit import find_compute_tables
 from longroute.estimators.calibration_own import (
@@ -157,78 +160,74 @@ def gemm_section(gpu: str, shipped: GpuCalibration, vidur_only: GpuCalibration) 
 # ---------------------------------------------------------------- attention
 
 
-def _attention_s(hw: HardwareProfile, hq: int, hkv: int, pairs: float, kv_tokens: float) -> float:
-    flops = 4.0 * hq * HEAD_DIM * pairs
-    kv_bytes = 2.0 * hkv * HEAD_DIM * 2.0 * kv_tokens
+def _attention_s(
+    flops: float, kv_bytes: float, hw: HardwareProfile, mfu: float, eff: float
+) -> float:
     return max(
-        flops / (hw.peak_flops_per_s * hw.attention_mfu),
-        kv_bytes / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency),
+        flops / (hw.peak_flops_per_s * mfu),
+        kv_bytes / (hw.memory_bandwidth_bytes_per_s * eff),
     )
 
 
-def attention_section(gpu: str) -> dict[str, Any]:
+def _regime(p: AttentionPoint) -> str:
+    if p.batch > 1 or p.q_tokens == 1:
+        return "decode"
+    if p.context_tokens == 0:
+        return "prefill, no context"
+    if p.q_tokens < 256:
+        return "chunk of 16-128 after context"
+    return (
+        "chunk of 256-512 after context" if p.q_tokens <= 512 else "chunk of >= 1024 after context"
+    )
+
+
+def attention_section(gpu: str, cal: GpuCalibration) -> dict[str, Any]:
+    """The analytic term at the hand-set efficiencies and at the fitted ones
+    (``cal.attention``) over the fastest kernel at each measured point, by regime."""
     hw = load_hardware_profile(gpu)
-    best: dict[tuple[str, int, int], tuple[float, str]] = {}
-    heads: dict[str, tuple[int, int]] = {}
-    for name in ("attention_prefill.csv", "attention_long.csv"):
-        for r in _rows(gpu, name):
-            key = (r["heads"], int(r["q_tokens"]), int(r["context_tokens"]))
-            t = float(r["median_us"]) * 1e-6
-            heads[r["heads"]] = (int(r["q_heads"]), int(r["kv_heads"]))
-            if key not in best or t < best[key][0]:
-                best[key] = (t, r["backend"])
-    regimes: dict[str, list[float]] = defaultdict(list)
-    mfu: dict[str, list[float]] = defaultdict(list)
+    fit = cal.attention
+    mfu, eff = (
+        (fit.attention_mfu, fit.kv_bandwidth_efficiency)
+        if fit
+        else (
+            hw.attention_mfu,
+            hw.bandwidth_efficiency,
+        )
+    )
+    chunks, decodes = read_attention_points(gpu)
+    by: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     kernels: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (label, q, c), (t, backend) in best.items():
-        hq, hkv = heads[label]
-        pairs = q * c + q * (q + 1) / 2
-        ratio = _attention_s(hw, hq, hkv, pairs, c + q) / t
-        regime = (
-            "prefill, no context"
-            if c == 0
-            else "chunk of 16-128 after context"
-            if q < 256
-            else "chunk of 256-512 after context"
-            if q <= 512
-            else "chunk of >= 1024 after context"
-        )
-        regimes[regime].append(ratio)
-        mfu[regime].append(4.0 * hq * HEAD_DIM * pairs / t / hw.peak_flops_per_s)
-        kernels[regime][backend].append(mfu[regime][-1])
-    decode: list[float] = []
-    for r in _rows(gpu, "attention_decode.csv"):
-        if r["backend"] not in ("flash", "cudnn"):
-            continue
-        b, c = int(r["batch"]), int(r["context_tokens"])
-        hq, hkv = int(r["q_heads"]), int(r["kv_heads"])
-        decode.append(
-            _attention_s(hw, hq, hkv, b * c, b * (c + 1)) / (float(r["median_us"]) * 1e-6)
-        )
+    for p in chunks + decodes:
+        regime = _regime(p)
+        hand = _attention_s(p.flops, p.kv_bytes, hw, hw.attention_mfu, hw.bandwidth_efficiency)
+        by[regime]["hand_set"].append(hand / p.seconds)
+        by[regime]["fitted"].append(_attention_s(p.flops, p.kv_bytes, hw, mfu, eff) / p.seconds)
+        by[regime]["mfu"].append(p.flops / p.seconds / hw.peak_flops_per_s)
+        by[regime]["kv"].append(p.kv_bytes / p.seconds / hw.memory_bandwidth_bytes_per_s)
+        kernels[regime][p.backend].append(by[regime]["mfu"][-1])
     out: dict[str, Any] = {}
-    for regime, ratios in sorted(regimes.items()):
+    for regime, v in sorted(by.items()):
         out[regime] = {
-            "points": len(ratios),
-            "predicted_over_measured_median": round(statistics.median(ratios), 3),
-            "min": round(min(ratios), 3),
-            "max": round(max(ratios), 3),
-            "measured_mfu_median": round(statistics.median(mfu[regime]), 3),
+            "points": len(v["fitted"]),
+            "predicted_over_measured_median": round(statistics.median(v["fitted"]), 3),
+            "min": round(min(v["fitted"]), 3),
+            "max": round(max(v["fitted"]), 3),
+            "hand_set_over_measured_median": round(statistics.median(v["hand_set"]), 3),
+            "hand_set_min": round(min(v["hand_set"]), 3),
+            "hand_set_max": round(max(v["hand_set"]), 3),
+            "measured_mfu_median": round(statistics.median(v["mfu"]), 3),
+            "measured_kv_fraction_median": round(statistics.median(v["kv"]), 3),
             "fastest_kernels": {
-                k: {"points": len(v), "mfu_median": round(statistics.median(v), 3)}
-                for k, v in sorted(kernels[regime].items())
+                k: {"points": len(m), "mfu_median": round(statistics.median(m), 3)}
+                for k, m in sorted(kernels[regime].items())
             },
         }
-    if decode:
-        out["decode (flash, cudnn)"] = {
-            "points": len(decode),
-            "predicted_over_measured_median": round(statistics.median(decode), 3),
-            "min": round(min(decode), 3),
-            "max": round(max(decode), 3),
-            "measured_mfu_median": None,
-            "fastest_kernels": {},
-        }
-    out["attention_mfu"] = hw.attention_mfu
-    out["bandwidth_efficiency"] = hw.bandwidth_efficiency
+    out["attention_mfu"] = mfu
+    out["bandwidth_efficiency"] = eff
+    out["hand_set"] = {
+        "attention_mfu": hw.attention_mfu,
+        "bandwidth_efficiency": hw.bandwidth_efficiency,
+    }
     return out
 
 
@@ -312,7 +311,7 @@ def main() -> int:
     for gpu in GPUS:
         _say(f"{gpu}: GEMMs, leave one model out")
         report["gemm"][gpu] = gemm_section(gpu, shipped[gpu], vidur_only[gpu])
-        report["attention"][gpu] = attention_section(gpu)
+        report["attention"][gpu] = attention_section(gpu, shipped[gpu])
         report["riders"][gpu] = rider_section(
             gpu, {"shipped": shipped[gpu], "vidur_fit": vidur_only[gpu]}
         )
@@ -342,19 +341,30 @@ def _print(report: dict[str, Any]) -> None:
                 f"{gpu:5} shipped fit on Vidur's H100 tables: "
                 f"MAPE {v['mape_pct']}%, median {v['median_pct']:+}%"
             )
-    print("\nAttention: analytic / fastest measured kernel, median [min, max]; measured MFU;")
+    print("\nAttention: analytic / fastest measured kernel, median [min, max], at the fitted")
+    print("efficiencies and at the hand-set ones; measured MFU (KV fraction of peak for decode);")
     print("won by: the kernels that were fastest, how often (their median MFU)")
     for gpu, a in report["attention"].items():
-        mfu, eff = a["attention_mfu"], a["bandwidth_efficiency"]
-        print(f"{gpu} (attention_mfu {mfu}, bandwidth_efficiency {eff})")
+        h = a["hand_set"]
+        print(
+            f"{gpu}: fitted attention_mfu {a['attention_mfu']}, KV efficiency "
+            f"{a['bandwidth_efficiency']} (hand-set {h['attention_mfu']}, "
+            f"{h['bandwidth_efficiency']})"
+        )
         for regime, v in a.items():
-            if not isinstance(v, dict):
+            if not isinstance(v, dict) or "points" not in v:
                 continue
-            m = v["measured_mfu_median"]
+            measured = (
+                f"KV {v['measured_kv_fraction_median']:.2f}"
+                if regime == "decode"
+                else f"MFU {v['measured_mfu_median']:.2f}"
+            )
             print(
-                f"  {regime:31} {v['predicted_over_measured_median']:4.2f} "
-                f"[{v['min']:.2f}, {v['max']:.2f}] n={v['points']:3}"
-                + (f" MFU {m:.2f}" if m is not None else "")
+                f"  {regime:31} n={v['points']:3} "
+                f"fitted {v['predicted_over_measured_median']:4.2f} "
+                f"[{v['min']:.2f}, {v['max']:.2f}] hand-set "
+                f"{v['hand_set_over_measured_median']:4.2f} [{v['hand_set_min']:.2f}, "
+                f"{v['hand_set_max']:.2f}] {measured}"
             )
             won = v["fastest_kernels"].items()
             if won:

@@ -29,14 +29,19 @@ def test_medha_llama3_70b_one_million_tokens_is_2_8_exaflops() -> None:
     assert flops == pytest.approx(2.8e18, rel=0.10)
 
 
-def test_medha_llama3_70b_one_million_tokens_takes_48_minutes_on_one_h100() -> None:
+def test_medha_llama3_70b_one_million_tokens_on_one_h100_against_the_48_minutes() -> None:
     """Medha §2.2: "On an H100 GPU, even at full utilization, this computation would
-    require at least 48 minutes". Our count is causal (about half the paper's FLOPs)
-    but attention runs at attention_mfu, so the prediction must not beat that bound
-    (within 5%) nor be absurdly slower. A hypothetical single GPU: memory capacity
-    is ignored."""
-    seconds = predictor("llama-3-70b", "h100").prefill_time_s(1_000_000, chunk_tokens=8192)
-    assert 0.95 * 48 * 60 <= seconds < 3 * 3600
+    require at least 48 minutes": the 2.8 ExaFLOPs above (non-causal) at the 989
+    TFLOP/s peak. Causal, the same prefill is about half those FLOPs, so the bound
+    at full utilization is ~24 minutes; at H100's measured attention MFU (0.67, not
+    100%) the prediction must lie between that causal bound and the paper's 48
+    minutes, and it must not beat full utilization of the causal count. A
+    hypothetical single GPU: memory capacity is ignored."""
+    p = predictor("llama-3-70b", "h100")
+    seconds = p.prefill_time_s(1_000_000, chunk_tokens=8192)
+    full_utilization_s = p.prefill_flops(1_000_000, is_causal=True) / 989e12
+    assert 20 * 60 < full_utilization_s < 28 * 60
+    assert 1.2 * full_utilization_s <= seconds <= 48 * 60
 
 
 def test_contextpilot_32b_dense_prefill_on_one_h100() -> None:
@@ -191,9 +196,9 @@ def test_decode_stretch_grows_by_the_kv_slope_and_sums_exactly() -> None:
         return p.iteration_time_s(0, 0.0, 0, b, c0 + i * b)
 
     hw = load_hardware_profile("h100")
-    kv_slope = (
-        b * p.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency)
-    )
+    assert p.calibration is not None and p.calibration.attention is not None
+    efficiency = p.calibration.attention.kv_bandwidth_efficiency  # measured, not hand-set
+    kv_slope = b * p.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * efficiency)
     assert step(k - 1) - step(k - 2) == pytest.approx(kv_slope, rel=1e-6)
     assert step(1) - step(0) == pytest.approx(kv_slope, rel=1e-6)
     assert p.decode_stretch_time_s(b, c0, k) == pytest.approx(stepwise(p, b, c0, k), rel=1e-9)

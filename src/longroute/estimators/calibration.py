@@ -24,6 +24,11 @@ An all-reduce of ``S`` bytes over ``n`` GPUs costs ``latency_s + S / bytes_per_s
 for a measured worker count; other counts take the ring model from the nearest
 measured count (same bus bandwidth, 2 (n - 1) / n of the message per GPU).
 
+Where a GPU's own attention kernels were timed (H100, H200), ``attention`` holds
+the attention MFU and the KV-read bandwidth efficiency fitted to them
+(:mod:`~longroute.estimators.calibration_attention`); elsewhere the hardware
+profile's hand-set values apply.
+
 Efficiencies are fractions of the hardware profile's datasheet peaks, so a GPU
 without measurements takes them from a measured one of its class (``basis:
 scaled``, ``scaled_from`` names it) and applies them to its own peaks.
@@ -165,6 +170,18 @@ class AllReduceFit:
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionFit:
+    """The attention kernel's efficiencies on one GPU, fitted to that GPU's own
+    attention tables (:mod:`~longroute.estimators.calibration_attention`): the MFU of
+    compute-bound chunks and prefills, and the fraction of HBM bandwidth at which
+    decode reads the KV cache. They replace the hardware profile's hand-set
+    ``attention_mfu`` and (for KV traffic) ``bandwidth_efficiency``."""
+
+    attention_mfu: float
+    kv_bandwidth_efficiency: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuCalibration:
     """Everything the predictor takes from measurements for one hardware profile.
 
@@ -181,6 +198,7 @@ class GpuCalibration:
     linear: LinearFit
     allreduce: tuple[AllReduceFit, ...] = ()
     fit_tables: tuple[str, ...] = ()
+    attention: AttentionFit | None = None
 
     def __post_init__(self) -> None:
         if self.basis not in ("measured", "scaled"):
@@ -195,6 +213,11 @@ class GpuCalibration:
             raise ValueError(
                 f"linear.knee_sharpness must be >= 1, got {self.linear.knee_sharpness}"
             )
+        if self.attention is not None:
+            for name in ("attention_mfu", "kv_bandwidth_efficiency"):
+                value = getattr(self.attention, name)
+                if not (math.isfinite(value) and 0.0 < value <= 1.0):
+                    raise ValueError(f"attention.{name} must be in (0, 1], got {value}")
         counts = [fit.num_workers for fit in self.allreduce]
         if len(set(counts)) != len(counts) or any(n < 2 for n in counts):
             raise ValueError(f"allreduce worker counts must be distinct and >= 2, got {counts}")
@@ -242,6 +265,8 @@ def to_dict(cal: GpuCalibration) -> dict[str, Any]:
     out = dataclasses.asdict(cal)
     out["allreduce"] = [dataclasses.asdict(f) for f in cal.allreduce]
     out["fit_tables"] = list(cal.fit_tables)
+    if cal.attention is None:
+        del out["attention"]  # hand-set in the hardware profile
     return out
 
 
@@ -266,6 +291,10 @@ def from_dict(data: object, where: str) -> GpuCalibration:
             for f in data.get("allreduce") or ()
         )
         kwargs["fit_tables"] = tuple(str(t) for t in data.get("fit_tables") or ())
+        if data.get("attention") is not None:
+            kwargs["attention"] = AttentionFit(
+                **{k: float(v) for k, v in dict(data["attention"]).items()}
+            )
         return GpuCalibration(**kwargs)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileError(f"{where}: malformed calibration: {exc}") from exc

@@ -10,6 +10,9 @@
   GPU (``data/profiles/measured``); element-wise kinds keep the Vidur fit (H200:
   H100's). ``train`` (the held-out split of ``benchmarks/predictor_accuracy.py``)
   leaves them out, so that split stays a test of the Vidur fit alone.
+* Attention on H100 and H200: the attention MFU and KV-read efficiency fitted to
+  that GPU's own attention tables (:mod:`calibration_attention`); every other GPU
+  keeps its hardware profile's hand-set values.
 * All-reduce: for each worker count the measured topology of that GPU with the
   highest fitted bandwidth (a tensor-parallel group is placed on the best-connected
   GPUs of a node). A GPU that shares its interconnect with a measured one
@@ -24,6 +27,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from longroute.estimators.calibration import AllReduceFit, GpuCalibration
+from longroute.estimators.calibration_attention import fit_attention
 from longroute.estimators.calibration_fit import (
     VIDUR_GPUS,
     CalibrationDataError,
@@ -124,6 +128,7 @@ def _own_gemm(base: GpuCalibration, progress: Callable[[str], None] | None) -> G
         gemm_mfu=mfu,
         knee_sharpness=knee,
     )
+    attention = fit_attention(name, hw.peak_flops_per_s, hw.memory_bandwidth_bytes_per_s)
     elementwise = (
         f"element-wise kinds as {base.scaled_from} ({CITATION})"
         if base.scaled_from
@@ -134,6 +139,12 @@ def _own_gemm(base: GpuCalibration, progress: Callable[[str], None] | None) -> G
         f"gemm.csv, gemm_knee.csv; scripts/profile_gpu.py, scripts/profile_gpu_long.py); "
         f"{elementwise}; all-reduce: "
         + (", ".join(sorted({f.topology for f in base.allreduce})) or "hand-set")
+        + (
+            "; attention fitted to the same folder's attention tables (FlashAttention 2 and "
+            "4, split-KV, cuDNN; the fastest kernel at each point)"
+            if attention
+            else ""
+        )
     )
     own = (f"longroute/{name}",)
     return dataclasses.replace(
@@ -143,6 +154,7 @@ def _own_gemm(base: GpuCalibration, progress: Callable[[str], None] | None) -> G
         source=source,
         linear=linear,
         fit_tables=base.fit_tables + own,
+        attention=attention,
     )
 
 

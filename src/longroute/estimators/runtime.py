@@ -15,18 +15,20 @@ token per decoding sequence) through the model, tensor-parallel over
 * attention_s = max(attention FLOPs / (peak * num_gpus * attention_mfu),
   KV bytes / (bandwidth * num_gpus * bandwidth_efficiency)).
 
-  **Attention is analytic, not measured** (Vidur ships no attention tables).
-  Its assumptions, all here: FLOPs = 4 * attention layers * heads * head_dim
+  **Attention is analytic, its two efficiencies measured where we could.** Its
+  assumptions, all here: FLOPs = 4 * attention layers * heads * head_dim
   * (query, key) pairs (QK^T and PV; causal pairs of a chunk after cached
   context, ``causal_attention_pairs``; a decode attends to its whole context);
   bytes = KV read for all context tokens plus KV written for the new tokens;
-  the kernel runs at whichever bound is slower, at the hand-set ``attention_mfu``
-  and ``bandwidth_efficiency`` of the hardware profile (H100: 0.5 and 0.8).
-  longroute's own H100/H200 timings (``data/profiles/measured``) put torch's
-  FlashAttention-2 prefill at MFU 0.33-0.35 and cuDNN's at up to 0.58, and
-  decode KV reads at 0.5-0.93 of peak; those tables are kept as a check, not
-  fitted. Not modelled: paged-KV gather cost, split-KV scheduling, softmax
-  and masking beyond the pair count.
+  the kernel runs at whichever bound is slower. On H100 and H200 the calibration's
+  ``attention`` block sets ``attention_mfu`` and the KV bandwidth efficiency from
+  longroute's own timings (``data/profiles/measured``: FlashAttention 4's Hopper
+  kernel runs compute-bound chunks at MFU 0.67 / 0.65, decode reads KV at 0.92 /
+  0.93 of peak; :mod:`~longroute.estimators.calibration_attention`); elsewhere the
+  hardware profile's hand-set ``attention_mfu`` and ``bandwidth_efficiency`` apply.
+  Not modelled: paged-KV gather cost, a chunk too small to fill the GPU's SMs
+  (engines split the context to fill them), softmax and masking beyond the pair
+  count.
 * tp_comm_s = 2 all-reduces per layer of new_tokens * hidden * 2 bytes: the
   calibrated latency + bytes / bandwidth of ``num_gpus`` workers where that
   GPU's topology was measured, else the hand-set latency plus the ring time
@@ -118,10 +120,13 @@ class RuntimePredictor:
         self._attention_flops_per_pair = 4.0 * (
             model.num_kv_layers * model.num_attention_heads * model.head_dim
         )
+        fit = self.calibration.attention if self.calibration is not None else None
+        mfu = fit.attention_mfu if fit is not None else hw.attention_mfu
+        kv_efficiency = fit.kv_bandwidth_efficiency if fit is not None else hw.bandwidth_efficiency
         self._attention_s_per_pair = self._attention_flops_per_pair / (
-            hw.peak_flops_per_s * n * hw.attention_mfu
+            hw.peak_flops_per_s * n * mfu
         )
-        bandwidth = hw.memory_bandwidth_bytes_per_s * n * hw.bandwidth_efficiency
+        bandwidth = hw.memory_bandwidth_bytes_per_s * n * kv_efficiency
         self._kv_s_per_token = self.kv_bytes_per_token / bandwidth
 
     def _fold_linear_constants(self) -> None:
