@@ -11,12 +11,20 @@ gpu_tables = load_benchmark("gpu_tables.py")
 
 
 def test_attention_regimes_cover_the_split_kv_chunks() -> None:
-    report = gpu_tables.attention_section("h200")
-    regimes = {k for k, v in report.items() if isinstance(v, dict)}
-    assert "chunk of 16-128 after context" in regimes and "decode (flash, cudnn)" in regimes
+    cal = load_calibration("h200")
+    assert cal is not None and cal.attention is not None
+    report = gpu_tables.attention_section("h200", cal)
+    regimes = {k for k, v in report.items() if isinstance(v, dict) and "points" in v}
+    assert "chunk of 16-128 after context" in regimes and "decode" in regimes
     for name in regimes:
         v = report[name]
         assert v["points"] > 0 and v["min"] <= v["predicted_over_measured_median"] <= v["max"]
+        lo, mid, hi = v["hand_set_min"], v["hand_set_over_measured_median"], v["hand_set_max"]
+        assert lo <= mid <= hi
+    # the fit is what removes the long chunks' overprice: within 5% at the median
+    long_chunks = report["chunk of >= 1024 after context"]
+    assert abs(long_chunks["predicted_over_measured_median"] - 1.0) < 0.05
+    assert long_chunks["hand_set_over_measured_median"] > 1.2
 
 
 def test_large_riders_cost_what_the_shipped_fit_predicts() -> None:

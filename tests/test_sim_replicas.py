@@ -64,16 +64,17 @@ def _digest(result: SimResult) -> tuple[int, str]:
 # behaviour changes on purpose, recompute them with _digest on the new code (issue 34: the
 # GPU profiles' per-step overhead from 2 ms to the measured 0.1 ms; last: `long-sessions`,
 # whose fleet has H100s and H200s, when their GEMM terms were fitted to longroute's own
-# GPU tables). They were
+# GPU tables, and again when their attention terms were: 2026-11-28). They were
 # computed when routers read true output lengths, so they run under `oracle_lengths: true`
 # (which keeps the simulator bit-identical to then; tests/test_honest_lengths.py).
 GOLDEN = {
     ("long-sessions", 40, 1): {
-        "prefix-cache": (155, "97eef88e07f882df"),
-        "gorgo": (155, "fc570774740daf3d"),
+        "prefix-cache": (155, "ac1f29e0a07da15e"),
+        "gorgo": (155, "a89ba606e4b5833d"),
         # recomputed after d7f328b, on purpose: ttca prices prefixes its own bounded LRU
-        # says the engine evicted as uncached, and ttft_weight is 4 (issue 35)
-        "ttca": (155, "c7283e968532fb69"),
+        # says the engine evicted as uncached, and ttft_weight is 4 (issue 35); all three
+        # again when the H100/H200 attention terms were fitted to measured kernels
+        "ttca": (155, "32b2c4614111f10d"),
     },
     ("laar", 60, 0): {"laar": (76, "a7030d6774a2f790")},
     ("gorgo-congestion", 150, 0): {"gorgo": (1322, "c4706cb892f33603")},
