@@ -633,8 +633,8 @@ def load_fa4(rec: Recorder) -> Any | None:
 
 class Fa4Chunk:
     """``batch`` causal chunks of ``q_tokens`` new tokens, each after ``ctx`` cached
-    tokens, in one call of FA4's forward (bottom-right causal mask, native GQA,
-    ``splits`` = 0: the kernel's own split-KV heuristic, as an engine calls it)."""
+    tokens, in one call of FA4's forward (bottom-right causal mask, native GQA, the
+    context unsplit: this version refuses split-KV on SM 9.0)."""
 
     def __init__(
         self,
@@ -651,7 +651,6 @@ class Fa4Chunk:
         self.qs = [_rand(torch, batch, q_tokens, hq, HEAD_DIM) for _ in range(copies)]
         self.ks = [_rand(torch, batch, ctx + q_tokens, hkv, HEAD_DIM) for _ in range(copies)]
         self.vs = [_rand(torch, batch, ctx + q_tokens, hkv, HEAD_DIM) for _ in range(copies)]
-        self.first_call_s = 0.0
 
     def __call__(self, i: int = 0) -> Any:
         j = i % self.copies
@@ -783,6 +782,56 @@ def run_fa4(torch: Any, bench: Bench, rec: Recorder) -> None:
     rec.meta["fa4_first_call_s"] = compiles
 
 
+FA4_BATCH_HEADS = ("32q8kv", "8q1kv")
+FA4_BATCH_Q = (16, 64, 256, 1024)
+FA4_BATCH_C = (8192, 65536)
+FA4_BATCH_B = (1, 2, 4, 8, 16, 32)
+
+
+def run_fa4_batch(torch: Any, bench: Bench, rec: Recorder) -> None:
+    """``attention_fa4_batch.csv``: ``batch`` sequences, each a chunk of q tokens after
+    the same context, in one FA4 call, as an engine's batch shares one launch. Does a
+    batch fill the SMs that one short chunk leaves idle (``blocks`` = batch x q_heads x
+    ceil(q / 128) against 132)?"""
+    fa4 = load_fa4(rec)
+    if fa4 is None or not check_fa4(torch, fa4, rec):
+        return
+    compiles: dict[str, float] = {}
+    for label, hq, hkv in (h for h in HEAD_CONFIGS if h[0] in FA4_BATCH_HEADS):
+        line = []
+        for ctx in FA4_BATCH_C:
+            for q_len in FA4_BATCH_Q:
+                for b in FA4_BATCH_B:
+                    point = {
+                        "backend": "fa4",
+                        "heads": label,
+                        "batch": b,
+                        "q_tokens": q_len,
+                        "context_tokens": ctx,
+                        "blocks": b * hq * -(-q_len // 128),
+                    }
+                    pairs = b * (q_len * ctx + q_len * (q_len + 1) / 2)
+                    kv_bytes = 2.0 * b * hkv * (ctx + q_len) * HEAD_DIM * BF16
+                    est = max(4.0 * hq * HEAD_DIM * pairs / 400e12, kv_bytes / 2.5e12)
+                    make = partial(Fa4Chunk, torch, fa4, (hq, hkv), q_len, ctx, b)
+                    table = "attention_fa4_batch"
+                    r = _fa4_point(torch, bench, rec, table, point, est, kv_bytes, compiles, make)
+                    if r is None:
+                        continue
+                    nc = int(r.pop("copies"))
+                    modes = ("native", "fa4_one_split")
+                    rec.add(
+                        table,
+                        attention_row(point, (hq, hkv), modes, pairs, kv_bytes, r, kv_bytes, nc),
+                    )
+                    if b in (1, 32) and q_len in (64, 256):
+                        line.append(f"b{b}q{q_len}c{ctx // 1024}K={r['median_us']:.0f}us")
+                free_memory(torch)
+        print(f"fa4 batch {label}: " + " ".join(line), flush=True)
+        rec.flush()
+    rec.meta["fa4_batch_first_call_s"] = compiles
+
+
 def _fa4_point(
     torch: Any,
     bench: Bench,
@@ -823,7 +872,17 @@ def _fa4_point(
 
 # ---------------------------------------------------------------- main
 
-SECTIONS = ("long_split", "rider", "long", "knee", "rider_sdpa", "moe", "long_cudnn", "fa4")
+SECTIONS = (
+    "long_split",
+    "rider",
+    "long",
+    "knee",
+    "rider_sdpa",
+    "moe",
+    "long_cudnn",
+    "fa4",
+    "fa4_batch",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -864,6 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "knee": lambda: run_knee(torch, bench, rec),
         "moe": lambda: run_moe(torch, bench, rec),
         "fa4": lambda: run_fa4(torch, bench, rec),
+        "fa4_batch": lambda: run_fa4_batch(torch, bench, rec),
     }
     for name in SECTIONS:
         if name in sections:
