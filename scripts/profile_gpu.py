@@ -663,28 +663,41 @@ def run_decode(torch: Any, bench: Bench, rec: Recorder, attn: Attention) -> None
                         reason = "out of memory" if is_oom(torch, exc) else f"error: {exc}"[:200]
                         rec.skip("attention_decode", point, reason)
                         continue
-                    t = r["median_us"] * 1e-6
-                    rec.add(
-                        "attention_decode",
-                        {
-                            **point,
-                            "q_heads": hq,
-                            "kv_heads": hkv,
-                            "head_dim": HEAD_DIM,
-                            "gqa": mode,
-                            "kv_bytes": kv_bytes,
-                            **r,
-                            "tflops": 4.0 * b * hq * HEAD_DIM * ctx / t / 1e12,
-                            "gbps": kv_bytes / t / 1e9,
-                            "model_kv_gbps": kv_model_bytes / t / 1e9,
-                            "copies": nc,
-                        },
-                    )
+                    row = decode_row(point, (hq, hkv), mode, kv_bytes, kv_model_bytes, r)
+                    rec.add("attention_decode", {**row, "copies": nc})
                     if (b, ctx) in ((1, 8192), (64, 32768)):
-                        line.append(f"b{b}c{ctx}={kv_bytes / t / 1e9:.0f}GB/s")
+                        line.append(f"b{b}c{ctx}={row['gbps']:.0f}GB/s")
                 free_memory(torch)
             print(f"decode {backend} {label}: " + " ".join(line), flush=True)
         rec.flush()
+
+
+def decode_row(
+    point: Mapping[str, Any],
+    heads: tuple[int, int],
+    gqa: str,
+    kv_bytes: float,
+    kv_model_bytes: float,
+    r: Mapping[str, float],
+) -> dict[str, Any]:
+    """One row of the decode attention tables: ``point`` holds ``batch`` and
+    ``context_tokens``, ``heads`` = (q, kv) heads; TFLOP/s from the pairs, GB/s from
+    the KV bytes read (``kv_bytes``, as allocated; ``kv_model_bytes``, with the
+    model's KV heads), at the median."""
+    t = r["median_us"] * 1e-6
+    b, ctx = int(point["batch"]), int(point["context_tokens"])
+    return {
+        **point,
+        "q_heads": heads[0],
+        "kv_heads": heads[1],
+        "head_dim": HEAD_DIM,
+        "gqa": gqa,
+        "kv_bytes": kv_bytes,
+        **r,
+        "tflops": 4.0 * b * heads[0] * HEAD_DIM * ctx / t / 1e12,
+        "gbps": kv_bytes / t / 1e9,
+        "model_kv_gbps": kv_model_bytes / t / 1e9,
+    }
 
 
 # ---------------------------------------------------------------- decode layer

@@ -58,6 +58,7 @@ from profile_gpu import (
     Recorder,
     attention_row,
     copies_for,
+    decode_row,
     finish,
     free_memory,
     gemm_shapes,
@@ -758,24 +759,11 @@ def run_fa4(torch: Any, bench: Bench, rec: Recorder) -> None:
                 )
                 if r is None:
                     continue
-                t = r["median_us"] * 1e-6
-                rec.add(
-                    "attention_fa4_decode",
-                    {
-                        **point,
-                        "q_heads": hq,
-                        "kv_heads": hkv,
-                        "head_dim": HEAD_DIM,
-                        "gqa": "native",
-                        "kv_bytes": kv_bytes,
-                        **r,
-                        "tflops": 4.0 * b * hq * HEAD_DIM * ctx / t / 1e12,
-                        "gbps": kv_bytes / t / 1e9,
-                        "model_kv_gbps": kv_bytes / t / 1e9,
-                    },
-                )
+                nc = int(r.pop("copies"))
+                row = decode_row(point, (hq, hkv), "native", kv_bytes, kv_bytes, r)
+                rec.add("attention_fa4_decode", {**row, "copies": nc})
                 if (b, ctx) in ((1, 8192), (64, 32768)):
-                    line.append(f"b{b}c{ctx}={kv_bytes / t / 1e9:.0f}GB/s")
+                    line.append(f"b{b}c{ctx}={row['gbps']:.0f}GB/s")
             free_memory(torch)
         print(f"fa4 decode {label}: " + " ".join(line), flush=True)
         rec.flush()
