@@ -67,7 +67,6 @@ RIDER_MODELS = {  # the layer shards of scripts/profile_gpu_long.py's rider sect
     "llama-3-8b": LayerShape(4096, 32, 8, 128, 14336, 1),
     "llama-3-70b": LayerShape(8192, 64, 8, 128, 28672, 8),
 }
-HEAD_DIM = 128
 
 
 def _say(message: str) -> None:
@@ -186,14 +185,8 @@ def attention_section(gpu: str, cal: GpuCalibration) -> dict[str, Any]:
     (``cal.attention``) over the fastest kernel at each measured point, by regime."""
     hw = load_hardware_profile(gpu)
     fit = cal.attention
-    mfu, eff = (
-        (fit.attention_mfu, fit.kv_bandwidth_efficiency)
-        if fit
-        else (
-            hw.attention_mfu,
-            hw.bandwidth_efficiency,
-        )
-    )
+    mfu = fit.attention_mfu if fit else hw.attention_mfu
+    eff = fit.kv_bandwidth_efficiency if fit else hw.bandwidth_efficiency
     chunks, decodes = read_attention_points(gpu)
     by: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     kernels: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
