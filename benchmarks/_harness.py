@@ -47,7 +47,10 @@ def wait_ready(
     url: str, proc: subprocess.Popen[bytes], log: Path | None = None, timeout_s: float = 120.0
 ) -> None:
     """Poll ``url`` until it answers 200; a child that dies first is an error with its log."""
-    tail = (lambda: f"; log:\n{log.read_text()}") if log is not None else (lambda: "")
+
+    def tail() -> str:
+        return f"; log:\n{log.read_text()}" if log is not None else ""
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

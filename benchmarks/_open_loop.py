@@ -80,7 +80,7 @@ async def open_loop(
         for i in range(3):  # warm the connections before the clock starts
             await one(session, time.perf_counter(), -1 - i)
         latencies.clear()
-        tasks = []
+        tasks: list[asyncio.Task[None]] = []
         start = time.perf_counter()
         arrival = start
         while (arrival := arrival + rng.expovariate(rate)) < start + seconds:

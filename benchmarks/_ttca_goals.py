@@ -35,6 +35,11 @@ OVERLOAD_S = 600.0
 CACHE_SEEKING = ("gorgo", "prefix-cache", "aibrix-prefix-cache", "session-affinity")
 
 
+def as_float(value: float | None) -> float:
+    """A summary figure as a float; an empty run's None is NaN, which fails every goal."""
+    return float("nan") if value is None else float(value)
+
+
 def first_attempt_hit_ratio(records: Sequence[RequestRecord]) -> float:
     """Cached over prompt tokens of first attempts."""
     prompt = cached = 0
@@ -83,8 +88,8 @@ def overload_job(job: tuple[int, dict[str, float]]) -> tuple[tuple[str, int], di
         for name, result in w.run.results.items():
             s = summarize(result.records, num_rejected=result.num_rejected)
             out[w.window.name][name] = {
-                "ttft_p95_s": float(s["ttft_p95_s"]),
-                "e2e_p95_s": float(s["e2e_p95_s"]),
+                "ttft_p95_s": as_float(s["ttft_p95_s"]),
+                "e2e_p95_s": as_float(s["e2e_p95_s"]),
                 "hit_ratio": first_attempt_hit_ratio(result.records),
             }
     return ("overload", seed), out
@@ -150,7 +155,7 @@ def mixed_goals(
 
 
 def overload_goal(
-    data: dict[tuple[str, int], Any], seeds: list[int],
+    data: dict[tuple[str, int], Any], seeds: Sequence[int],
     line: Callable[[str, list[str]], None],
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """Past capacity: ttca's TTFT and E2E p95 over the best other router's (by median)."""

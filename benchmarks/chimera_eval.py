@@ -29,8 +29,8 @@ import argparse
 import json
 import multiprocessing
 import os
-import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from longroute.config import ScenarioConfig
@@ -96,11 +96,13 @@ def _ratio(mine: list[float], ref: list[float]) -> dict[str, Any]:
             "num_wins": ratio.num_wins, "num_seeds": ratio.num_seeds}  # fmt: skip
 
 
-def _series(by: dict, rate: float, router: str, key: str, seeds: list[int]) -> list[float]:
+def _series(
+    by: dict[Any, Any], rate: float, router: str, key: str, seeds: Sequence[int]
+) -> list[float]:
     return [float(by[(rate, seed)][router][key]) for seed in seeds]
 
 
-def _print(by: dict, rates: list[float], seeds: list[int], scenario: str) -> None:
+def _print(by: dict[Any, Any], rates: list[float], seeds: Sequence[int], scenario: str) -> None:
     cols = (("wf_e2e_per_token_mean_ms", "E2E/token ms"), ("wf_task_score", "task score %"),
             ("wf_makespan_mean_s", "makespan s"))  # fmt: skip
     for rate in rates:
@@ -116,7 +118,7 @@ def _print(by: dict, rates: list[float], seeds: list[int], scenario: str) -> Non
             print(f"{router:<20}{q:>26}{m:>26}")
 
 
-def _goals(by: dict, seeds: list[int]) -> tuple[dict, dict]:
+def _goals(by: dict[Any, Any], seeds: Sequence[int]) -> tuple[dict[Any, Any], dict[Any, Any]]:
     rate = GOAL_RATE
     key = "wf_e2e_per_token_mean_ms"
     chimera = _series(by, rate, "chimera", key, seeds)
@@ -163,7 +165,7 @@ def main() -> None:
     rates = sorted({float(r) for r in args.rates.split(",")} | {GOAL_RATE})
     seeds = parse_seeds(args.seeds)
     jobs = [(args.scenario, rate, seed) for rate in rates for seed in seeds]
-    by: dict[tuple[float, int], dict] = {}
+    by: dict[tuple[float, int], dict[Any, Any]] = {}
     start = time.perf_counter()
     print(f"{len(jobs)} runs of {len(ROUTERS) + 1} routers on {args.jobs} workers "
           "(each worker fits the predictors once, ~20 s) ...", flush=True)  # fmt: skip
@@ -186,4 +188,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import deque
 from dataclasses import replace
@@ -27,11 +26,13 @@ from dataclasses import replace
 import numpy as np
 
 from longroute.estimators.confidence import fit_confidence
+from longroute.estimators.output_length import OutputLengthEstimator
 from longroute.estimators.workflow_length import fit_length
 from longroute.routing.chimera import ChimeraRouter
 from longroute.routing.fleet_view import FleetView
 from longroute.sim.scenario import build_endpoints, load_scenario
 from longroute.sim.workflows import WorkflowTracker
+from longroute.types import Request
 from longroute.workloads.agent_workflows import agent_outcomes, agent_workflows
 
 GOAL_P99_MS = 2.0
@@ -49,24 +50,38 @@ def main() -> None:
     models = tuple(sorted({e.model for e in endpoints}))
     print(f"fitting on {args.fit_workflows} workflows x {len(models)} models ...", flush=True)
     start = time.perf_counter()
-    rows = agent_outcomes(agent_workflows(num_workflows=args.fit_workflows, seed=1, models=models))
+    fit_draw = agent_workflows(num_workflows=args.fit_workflows, seed=1, models=models)
+    rows = agent_outcomes(fit_draw)
     confidence = fit_confidence(rows, seed=0)
     length = fit_length(rows, seed=0)
     print(f"  fitted in {time.perf_counter() - start:.1f} s", flush=True)
 
+    # what a router is told of each request's output: the estimate learned from completed
+    # requests (here the fitting draw's), never the true length (docs/fidelity.md)
+    lengths = OutputLengthEstimator()
+    for session in fit_draw.sessions:
+        for turn in session.turns:
+            lengths.observe(None, turn.task, turn.num_output_tokens)
     workload = agent_workflows(num_workflows=args.num_workflows, seed=0, models=models)
     tracker = WorkflowTracker()
     requests = [
-        tracker.request(session, index, 0.0, workload.block_size_tokens, None)
+        tracker.request(
+            session,
+            index,
+            0.0,
+            workload.block_size_tokens,
+            None,
+            lengths.estimate(None, turn.task, turn.max_output_tokens),
+        )
         for session in workload.sessions
-        for index in range(len(session.turns))
+        for index, turn in enumerate(session.turns)
     ]
     router = ChimeraRouter(confidence=confidence, length=length)
     fleet = FleetView(endpoints)
     for request in requests[:200]:  # warm-up: first calls build caches
         router.route(request, fleet, 0.0)
     router = ChimeraRouter(confidence=confidence, length=length)
-    inflight: deque = deque()
+    inflight: deque[tuple[Request, str]] = deque()
     route_ns: list[int] = []
     first_ns: list[int] = []
     for request in requests:
@@ -113,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

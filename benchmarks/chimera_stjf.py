@@ -33,7 +33,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import sys
 import time
 from typing import Any
 
@@ -45,7 +44,7 @@ from longroute.sweep.stats import median_estimate, paired_ratio
 
 PAIR = "both"  # the scenario's own two-model fleet, vllm-lb's dispatch
 FLEETS = (("qwen-1.5b", 8.0), ("qwen-7b", 3.0), (PAIR, 12.0))  # (chimera's endpoint, req/s)
-BASE_ORDERS = {  # name -> (queue policy, its params, router)
+BASE_ORDERS: dict[str, tuple[str, dict[str, Any], str]] = {  # (queue policy, params, router)
     "fcfs": ("priority", {}, "vllm-lb"),
     "sjf": ("priority", {}, "oracle-sjf"),
     "stjf": ("priority", {}, "oracle-stjf"),
@@ -76,7 +75,7 @@ def run_job(job: Job) -> tuple[Job, dict[str, dict[str, float]]]:
         result = run_scenario(base.model_copy(update=update), seed=seed, routers=[router])
         records = result.results[router].records
         summary = summarize_workflows(records)
-        out[name] = {k: float(summary[k] or 0.0) for k in KEYS}  # type: ignore[literal-required]
+        out[name] = {k: float(summary[k] or 0.0) for k in KEYS}
         out[name].update(_queue_by_stages(records))
     return job, out
 
@@ -162,4 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -29,7 +29,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -129,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

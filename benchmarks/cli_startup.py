@@ -55,7 +55,9 @@ def _time(args: list[str], source: Path) -> tuple[float, float]:
 
 def _measure(sources: dict[str, Path], repeat: int) -> dict[str, dict[str, list[list[float]]]]:
     """side -> command -> [walls, cpus]; the sides alternate, their order swapped each round."""
-    runs = {side: {name: [[], []] for name in COMMANDS} for side in sources}
+    runs: dict[str, dict[str, list[list[float]]]] = {
+        side: {name: [[], []] for name in COMMANDS} for side in sources
+    }
     for name, command in COMMANDS.items():
         for source in sources.values():
             _time(command, source)  # warm-up

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,11 @@ def tune_job(job: tuple[str, int]) -> tuple[tuple[str, int], Weights]:
     return job, dict(run.frozen.weights)
 
 
-def eval_job(job: tuple[str, int, str, Weights, tuple[str, ...] | None, tuple[str, ...] | None]):
+EvalJob = tuple[str, int, str, Weights, tuple[str, ...] | None, tuple[str, ...] | None]
+"""(scenario, seed, label, weights, routers or all, windows or all)"""
+
+
+def eval_job(job: EvalJob) -> tuple[tuple[str, int, str], dict[Any, Any]]:
     """One scenario at one seed: {window: {router label: kept figures}} (+ failovers)."""
     scenario, seed, label, weights, routers, only = job
     config = load_scenario(scenario)
@@ -99,13 +103,13 @@ def eval_job(job: tuple[str, int, str, Weights, tuple[str, ...] | None, tuple[st
     return (scenario, seed, label), out
 
 
-def _series(data: dict, scenario: str, window: str, router: str, key: str,
-            seeds: list[int]) -> list[float]:  # fmt: skip
+def _series(data: dict[Any, Any], scenario: str, window: str, router: str, key: str,
+            seeds: Sequence[int]) -> list[float]:  # fmt: skip
     return [float(data[(scenario, seed)][window][router][key]) for seed in seeds]
 
 
-def _ratio(data: dict, scenario: str, window: str, router: str, ref: str, key: str,
-           seeds: list[int]) -> dict[str, Any]:  # fmt: skip
+def _ratio(data: dict[Any, Any], scenario: str, window: str, router: str, ref: str, key: str,
+           seeds: Sequence[int]) -> dict[str, Any]:  # fmt: skip
     mine = _series(data, scenario, window, router, key, seeds)
     pair = paired_ratio(mine, _series(data, scenario, window, ref, key, seeds))
     e = pair.estimate
@@ -113,8 +117,8 @@ def _ratio(data: dict, scenario: str, window: str, router: str, ref: str, key: s
             "num_seeds": pair.num_seeds, "reference": ref}  # fmt: skip
 
 
-def _best(data: dict, scenario: str, window: str, pool: tuple[str, ...], key: str,
-          seeds: list[int]) -> str:  # fmt: skip
+def _best(data: dict[Any, Any], scenario: str, window: str, pool: tuple[str, ...], key: str,
+          seeds: Sequence[int]) -> str:  # fmt: skip
     medians = {b: median_estimate(_series(data, scenario, window, b, key, seeds)).median
                for b in pool}  # fmt: skip
     return min(medians, key=lambda b: medians[b])
@@ -133,11 +137,12 @@ def _table(title: str, rows: list[tuple[str, dict[str, dict[str, Any]]]]) -> Non
         print(f"{window:<6}" + "".join(f"{_cell(by_key[k]):>23}" for k, _ in COLUMNS))
 
 
-def analyse(data: dict, seeds: list[int], tuner_labels: list[str], baselines: tuple[str, ...],
-            windows: list[str]) -> tuple[dict, dict]:  # fmt: skip
+def analyse(data: dict[Any, Any], seeds: Sequence[int], tuner_labels: list[str],
+            baselines: tuple[str, ...],
+            windows: list[str]) -> tuple[dict[Any, Any], dict[Any, Any]]:  # fmt: skip
     figures: dict[str, Any] = {"vs_aibrix": {}, "vs_best": {}, "congestion": {}, "tuner": {}}
 
-    def versus(scenario: str, window: str, router: str, pool: tuple[str, ...]) -> dict:
+    def versus(scenario: str, window: str, router: str, pool: tuple[str, ...]) -> dict[Any, Any]:
         """Per column: ``router`` over the best of ``pool`` in that column (by median)."""
         return {
             key: _ratio(data, scenario, window, router,
@@ -165,8 +170,8 @@ def analyse(data: dict, seeds: list[int], tuner_labels: list[str], baselines: tu
             for r in data[("gorgo-congestion", seeds[0])][w]} for w in windows}  # fmt: skip
 
     def worst(part: str, limits: dict[str, float]) -> float:
-        return max(figures[part][w][k]["median"] / lim for w in HELD_OUT
-                   for k, lim in limits.items())  # fmt: skip
+        return float(max(figures[part][w][k]["median"] / lim for w in HELD_OUT
+                         for k, lim in limits.items()))  # fmt: skip
 
     aibrix = worst("vs_aibrix", {"ttft_p95_s": 0.9, "e2e_p95_s": 0.85})
     best = max(figures["vs_best"][w][k]["median"] for w in HELD_OUT for k, _ in COLUMNS)
@@ -194,7 +199,7 @@ def analyse(data: dict, seeds: list[int], tuner_labels: list[str], baselines: tu
     return figures, goals
 
 
-def _report(figures: dict, windows: list[str], weights: dict[str, Weights]) -> None:
+def _report(figures: dict[Any, Any], windows: list[str], weights: dict[str, Weights]) -> None:
     print("\nweights: " + "; ".join(f"{k}: " + ", ".join(f"{n} {v:.3g}" for n, v in w.items())
                                     for k, w in weights.items()))  # fmt: skip
     _table(f"gorgo: GORGO / {AIBRIX} (the paper's shape).",
@@ -237,19 +242,19 @@ def main() -> None:
             progress(i, len(tunes), f"tuned on {job[0]} at seed {job[1]}")
     first = tuner_seeds[0]
     labels = [f"gorgo@t{t}" for t in tuner_seeds]
-    jobs = []
+    jobs: list[EvalJob] = []
     for seed in seeds:
         jobs.append(("gorgo", seed, "gorgo", weights[("gorgo", first)], None, None))
         jobs.append(("gorgo-congestion", seed, "gorgo", weights[("gorgo", first)], None, None))
         for t, label in zip(tuner_seeds[1:], labels[1:], strict=True):  # the first is "gorgo"
             jobs.append(("gorgo", seed, label, weights[("gorgo", t)], ("gorgo",), HELD_OUT))
-    raw: dict[tuple[str, int, str], dict] = {}
+    raw: dict[tuple[str, int, str], dict[Any, Any]] = {}
     print(f"evaluating: {len(jobs)} runs on {args.jobs} workers ...", flush=True)
     with context.Pool(args.jobs) as pool:
         for i, (key, out) in enumerate(pool.imap_unordered(eval_job, jobs), start=1):
             raw[key] = out
             progress(i, len(jobs), f"{key[0]} seed {key[1]} ({key[2]})")
-    data: dict[tuple[str, int], dict[str, dict[str, dict]]] = {}
+    data: dict[tuple[str, int], dict[str, dict[str, dict[Any, Any]]]] = {}
     for (scenario, seed, _label), out in raw.items():
         merged = data.setdefault((scenario, seed), {})
         for window, by_router in out.items():
@@ -274,4 +279,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

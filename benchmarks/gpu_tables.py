@@ -361,8 +361,8 @@ def _print(report: dict[str, Any]) -> None:
             )
             won = v["fastest_kernels"].items()
             if won:
-                cells = (f"{k} {w['points']} ({w['mfu_median']:.2f})" for k, w in won)
-                print("    won by: " + ", ".join(cells))
+                winners = (f"{k} {w['points']} ({w['mfu_median']:.2f})" for k, w in won)
+                print("    won by: " + ", ".join(winners))
     print("\nRiders: us per rider token, one layer's non-attention work after a late chunk")
     print("(measured / predicted, shipped fit / predicted, Vidur fit)")
     print("{:24} {:>16} {:>16} {:>16} {:>16}".format("", "k=16", "k=128", "k=512", "k=2048"))

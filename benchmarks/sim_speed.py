@@ -166,7 +166,10 @@ def _compare(cases: list[str], repeat: int, ref: str, baseline: Path) -> None:
     figures: dict[str, object] = {}
     goals: dict[str, dict[str, object]] = {}
     for case in cases:
-        ratios, cpu_ratios, mine, theirs = [], [], [], []
+        ratios: list[float] = []
+        cpu_ratios: list[float] = []
+        mine: list[dict[str, float]] = []
+        theirs: list[dict[str, float]] = []
         for i in range(repeat):
             order = [(head, mine), (baseline, theirs)]
             for source, runs in order if i % 2 == 0 else order[::-1]:

@@ -35,13 +35,13 @@ import json
 import math
 import multiprocessing
 import statistics
-import sys
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from _eval import checked_seeds, eval_parser, progress_printer
-from _ttca_goals import mixed_figures, mixed_goals, overload_goal, overload_job
+from _ttca_goals import as_float, mixed_figures, mixed_goals, overload_goal, overload_job
 from _ttca_ideal import ideal_run, report_ideal
 from _ttca_outcomes import outcome_figures, report_outcomes
 from longroute.metrics.summary import summarize
@@ -58,14 +58,14 @@ CALIBRATION_REQUESTS = 100
 Figures = dict[str, dict[str, float]]  # router -> metric -> value
 
 
-def _figures(run_results: dict, ttca: dict) -> Figures:
+def _figures(run_results: dict[Any, Any], ttca: dict[Any, Any]) -> Figures:
     out: Figures = {}
     for name, result in run_results.items():
         s = summarize(result.records, num_rejected=result.num_rejected)
         first = [x.first_token_s - x.arrival_s for x in result.records if x.attempt <= 1]
         row = {
-            "ttft_p95_s": float(s["ttft_p95_s"]),
-            "e2e_p95_s": float(s["e2e_p95_s"]),
+            "ttft_p95_s": as_float(s["ttft_p95_s"]),
+            "e2e_p95_s": as_float(s["e2e_p95_s"]),
             # first attempts: the same requests under every router, however many retries
             "ttft_p95_first_attempt_s": float(np.percentile(first, 95)) if first else math.nan,
             "num_requests": float(len(result.records)),
@@ -158,8 +158,8 @@ def _ratio(mine: list[float], ref: list[float], *, lower: bool = True) -> dict[s
             "num_wins": pair.num_wins, "num_seeds": pair.num_seeds}  # fmt: skip
 
 
-def _series(data: dict, key: tuple[str, int], seeds: list[int], router: str, metric: str,
-            window: str | None = None) -> list[float]:  # fmt: skip
+def _series(data: dict[Any, Any], key: tuple[str, int], seeds: Sequence[int], router: str,
+            metric: str, window: str | None = None) -> list[float]:  # fmt: skip
     out = []
     for seed in seeds:
         figs = data[(key[0], seed)]
@@ -177,7 +177,7 @@ def _line(label: str, cells: list[str]) -> None:
     print(f"{label:<22}" + "".join(f"{c:>26}" for c in cells))
 
 
-def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
+def analyse(data: dict[Any, Any], seeds: Sequence[int]) -> tuple[dict[Any, Any], dict[Any, Any]]:
     figures: dict[str, Any] = {}
     goals: dict[str, dict[str, Any]] = {}
 
@@ -283,14 +283,14 @@ def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
     figures["past_capacity"], goals["past_capacity"] = overload_goal(data, seeds, _line)
     # ---- self-calibration
     curves = [data[("calibration", s)] for s in seeds]
-    window = 20
+    tail_n = 20
     ends = []
     for errors in curves:
         upto = errors[:CALIBRATION_REQUESTS]
-        tail = upto[-window:] if len(upto) >= window else upto
+        tail = upto[-tail_n:] if len(upto) >= tail_n else upto
         ends.append(statistics.median(tail) if tail else float("nan"))
     starts = [statistics.median(e[:5]) for e in curves if len(e) >= 5]
-    last = f"median_error_of_requests_{CALIBRATION_REQUESTS - window + 1}_{CALIBRATION_REQUESTS}"
+    last = f"median_error_of_requests_{CALIBRATION_REQUESTS - tail_n + 1}_{CALIBRATION_REQUESTS}"
     figures["calibration"] = {
         "first_5_median_error": starts,
         "requests_seen": [len(e) for e in curves],
@@ -298,7 +298,7 @@ def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
     }
     print(f"\nself-calibration (2x slower than its profile): TTFT error of the first 5 "
           f"requests {', '.join(f'{v:.2f}' for v in starts)}; of requests "
-          f"{CALIBRATION_REQUESTS - window + 1}-{CALIBRATION_REQUESTS} "
+          f"{CALIBRATION_REQUESTS - tail_n + 1}-{CALIBRATION_REQUESTS} "
           f"{', '.join(f'{v:.2f}' for v in ends)} (one per seed)")  # fmt: skip
     worst_end = max(ends)
     goals["self_calibration"] = {
@@ -335,7 +335,8 @@ def analyse(data: dict, seeds: list[int]) -> tuple[dict, dict]:
 def _is_default() -> bool:
     from longroute.gateway.config import RouterConfig
 
-    return RouterConfig().name == "ttca" and load_scenario("default").routers[:1] == ["ttca"]
+    default_routers = load_scenario("default").routers or []
+    return RouterConfig().name == "ttca" and default_routers[:1] == ["ttca"]
 
 
 def main() -> None:
@@ -377,4 +378,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from longroute.estimators.calibration import read_calibration, write_calibration
@@ -70,7 +71,7 @@ def main() -> int:
     return 0
 
 
-def _check(fits: dict[str, object], out: Path) -> int:
+def _check(fits: Mapping[str, object], out: Path) -> int:
     stale = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, cal in sorted(fits.items()):
