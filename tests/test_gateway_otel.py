@@ -278,6 +278,56 @@ async def test_error_answers_end_every_span() -> None:
     assert "gen_ai.usage.input_tokens" not in attributes(failed)
 
 
+@async_test
+async def test_a_wait_that_ends_without_a_slot_has_its_queue_span() -> None:
+    a = FakeBackend("a", Knobs(delay_s=0.6))
+    limits = {"admission": {"queue_timeout_s": 0.2}, "backend_extra": {"max_concurrency": 1}}
+    async with traced_fleet(a, **limits) as (fleet, memory, counter):
+        first = asyncio.create_task(chat(fleet))
+        await eventually(lambda: len(a.bodies) == 1)  # it holds the one slot
+        assert await chat(fleet) == 503  # this one waits 0.2 s, then gives up
+        assert await first == 200
+        spans = memory.get_finished_spans()
+        assert counter.num_started == counter.num_ended == len(spans) == 4 + 2
+    served, refused = named(spans, REQUEST_SPAN)
+    queues = [s for s in named(spans, "gateway.queue") if s.parent == refused.context]
+    (queue,) = queues
+    assert attributes(queue)["longroute.queue.outcome"] == "queue_timeout"
+    assert attributes(queue)["longroute.attempt"] == 1
+    assert queue.status.status_code == StatusCode.ERROR
+    assert queue.start_time is not None and queue.end_time is not None
+    assert queue.end_time - queue.start_time >= 150_000_000  # it spans the 0.2 s wait
+    assert [s.parent for s in named(spans, "gateway.route")] == [served.context]
+    assert [s.parent for s in named(spans, UPSTREAM_SPAN)] == [served.context]
+
+
+@async_test
+async def test_a_client_that_leaves_the_queue_ends_its_queue_span() -> None:
+    a = FakeBackend("a", Knobs(delay_s=0.6))
+    limits = {"admission": {"queue_timeout_s": 5.0}, "backend_extra": {"max_concurrency": 1}}
+    async with traced_fleet(a, **limits) as (fleet, memory, counter):
+        first = asyncio.create_task(chat(fleet))
+        await eventually(lambda: len(a.bodies) == 1)
+        host, port = fleet.url.removeprefix("http://").split(":")
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        head = f"POST {ROUTE} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        await eventually(lambda: fleet.gateway.admission.num_waiting == 1)
+        writer.close()  # the client leaves while queued
+        await eventually(lambda: len(named(memory.get_finished_spans(), REQUEST_SPAN)) == 1)
+        assert await first == 200
+        await eventually(lambda: len(named(memory.get_finished_spans(), REQUEST_SPAN)) == 2)
+        spans = memory.get_finished_spans()
+        assert counter.num_started == counter.num_ended == len(spans) == 4 + 2
+    left = next(s for s in named(spans, REQUEST_SPAN) if attributes(s)["longroute.attempts"] == 0)
+    (queue,) = [s for s in named(spans, "gateway.queue") if s.parent == left.context]
+    assert attributes(queue)["longroute.queue.outcome"] == "cancelled"
+    assert queue.status.status_code == StatusCode.ERROR
+    assert attributes(left)["longroute.outcome"] == "client_disconnect"
+    assert fleet.gateway.admission.num_waiting == 0
+
+
 # ---- what the spans say -----------------------------------------------------------------------
 
 

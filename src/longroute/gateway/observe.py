@@ -235,6 +235,12 @@ class Tracing:
         """An attempt got its slot at ``now_s`` after waiting since ``waited_since_s``
         (admission), its routing decision in ``trace.scores`` and ``trace.decision_s``."""
 
+    def queue_left(
+        self, trace: RequestTrace, waited_since_s: float, now_s: float, reason: str
+    ) -> None:
+        """An attempt left admission's queue at ``now_s`` without a slot (``reason``: the
+        refusal's error kind, or ``cancelled`` when the client left or the drain cut it)."""
+
     def attempt(self, trace: RequestTrace) -> bytes:
         """An attempt goes to ``trace.endpoint`` now: the header lines to send with it."""
         return trace.upstream_lines()

@@ -3,7 +3,7 @@
 One trace per client request, continued from the client's ``traceparent`` when valid::
 
     POST <route>              SERVER    the request, arrival to last byte
-    ├─ gateway.queue          INTERNAL  an attempt's admission wait
+    ├─ gateway.queue          INTERNAL  an attempt's admission wait (with or without a slot)
     ├─ gateway.route          INTERNAL  its routing decision (longroute.score.<backend>)
     └─ POST <route> upstream  CLIENT    the attempt; its context goes to the backend
 
@@ -159,6 +159,27 @@ class OtelTracing(Tracing):
             route.end(_at(trace, now_s))
         except Exception:
             self._log_failure("granted", trace)
+
+    def queue_left(
+        self, trace: RequestTrace, waited_since_s: float, now_s: float, reason: str
+    ) -> None:
+        spans = trace.span
+        if not isinstance(spans, _Spans):
+            return
+        try:
+            queue = self._tracer.start_span(
+                "gateway.queue",
+                spans.parent,
+                attributes={
+                    "longroute.attempt": trace.num_attempts + 1,
+                    "longroute.queue.outcome": reason,
+                },
+                start_time=_at(trace, waited_since_s),
+            )
+            queue.set_status(Status(StatusCode.ERROR, reason))
+            queue.end(_at(trace, now_s))
+        except Exception:
+            self._log_failure("queue_left", trace)
 
     def attempt(self, trace: RequestTrace) -> bytes:
         spans = trace.span

@@ -196,7 +196,7 @@ class Proxy:
             waited_since_s = time.monotonic()
             grant = self._grant_now(job, request, failure, config)
             if grant is None:  # it must wait for a slot
-                grant = await self._acquire(job, request, failure, config)
+                grant = await self._acquire(job, request, failure, config, waited_since_s)
             backend = self._backend(grant.endpoint, wiring)
             trace.num_attempts += 1
             trace.endpoint = backend.name
@@ -262,7 +262,12 @@ class Proxy:
             raise self._admission_error(exc, job, request, failure, config) from None
 
     async def _acquire(
-        self, job: Job, request: Request, failure: Failure | None, config: AdmissionConfig
+        self,
+        job: Job,
+        request: Request,
+        failure: Failure | None,
+        config: AdmissionConfig,
+        waited_since_s: float,
     ) -> Grant:
         seconds_left = job.seconds_left()
         if seconds_left <= 0:
@@ -274,7 +279,12 @@ class Proxy:
                 min(config.queue_timeout_s, seconds_left),
             )
         except ADMISSION_ERRORS as exc:
-            raise self._admission_error(exc, job, request, failure, config) from None
+            error = self._admission_error(exc, job, request, failure, config)
+            self.tracing.queue_left(job.trace, waited_since_s, time.monotonic(), error.kind)
+            raise error from None
+        except BaseException:  # the client left, or the drain's deadline cut the wait
+            self.tracing.queue_left(job.trace, waited_since_s, time.monotonic(), "cancelled")
+            raise
 
     def _admission_error(
         self,
