@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -19,6 +20,35 @@ from pathlib import Path
 
 MODES = ("non-stream", "stream")
 LOAD_SCRIPT = Path(__file__).resolve().parent / "gateway_overhead.py"
+
+
+_failed = False
+
+
+def _note_failure(kind: type[BaseException], value: BaseException, tb: object) -> None:
+    global _failed
+    _failed = True
+    _excepthook(kind, value, tb)  # type: ignore[arg-type]
+
+
+_excepthook = sys.excepthook
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A temporary folder for a run's configs and logs: removed when the process exits,
+    kept (and its path printed) when it dies of an uncaught exception, for the logs."""
+    if sys.excepthook is not _note_failure:
+        sys.excepthook = _note_failure
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+
+    def clean() -> None:
+        if _failed:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    atexit.register(clean)
+    return tmp
 
 
 def free_port() -> int:

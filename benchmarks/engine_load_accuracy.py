@@ -19,11 +19,10 @@ import argparse
 import asyncio
 import json
 import statistics
-import tempfile
-from pathlib import Path
 
 import aiohttp
 
+from _harness import scratch_dir
 from longroute.gateway.app import RunningGateway, serve_gateway
 from longroute.gateway.config import GatewayConfig
 from longroute.launcher import Launcher, emulator_spec
@@ -106,7 +105,7 @@ def main() -> None:
     parser.add_argument("--load-source", choices=("engine", "local"), default="engine")
     args = parser.parse_args()
     MAX_TOKENS[0] = args.max_tokens
-    with Launcher(Path(tempfile.mkdtemp(prefix="lr-load-acc-"))) as launcher:
+    with Launcher(scratch_dir("lr-load-acc-")) as launcher:
         emulators = launcher.start(
             *(emulator_spec(f"emu{i}", profile=MODEL, speed=2.0) for i in range(2))
         )

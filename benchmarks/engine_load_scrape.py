@@ -17,12 +17,10 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from collections.abc import Coroutine
-from pathlib import Path
 
-from _harness import free_port, start, stop, wait_ready
+from _harness import free_port, scratch_dir, start, stop, wait_ready
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -165,7 +163,7 @@ def main() -> None:
         return
     page = vllm_like_page()
     ports = [free_port() for _ in range(args.backends)]
-    tmp = Path(tempfile.mkdtemp(prefix="lr-scrape-bench-"))
+    tmp = scratch_dir("lr-scrape-bench-")
     proc = start([sys.executable, __file__, "--serve", ",".join(map(str, ports))], tmp / "e.log")
     try:
         urls = [f"http://127.0.0.1:{p}" for p in ports]

@@ -50,7 +50,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +182,7 @@ def main() -> int:
 def _run(
     args: argparse.Namespace, rates: list[float], binary: Path, base: Path | None
 ) -> tuple[dict[str, Figures], dict[float, dict[str, Figures]], dict[str, Figures]]:
-    tmp = Path(tempfile.mkdtemp(prefix="lr-epp-bench-"))
+    tmp = h.scratch_dir("lr-epp-bench-")
     procs: list[subprocess.Popen[bytes]] = []
     envoys: list[EnvoyProcess] = []
     try:

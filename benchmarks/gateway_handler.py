@@ -32,10 +32,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _harness import scratch_dir
 
 MODEL = "fast-16"
 ROUTE = "/v1/chat/completions"
@@ -94,7 +95,7 @@ async def _child(router: str, observed: bool, requests: int, rounds: int) -> lis
     from longroute.gateway.http.types import Headers, HttpRequest
     from longroute.gateway.http.wire import whole_response
 
-    tmp = Path(tempfile.mkdtemp(prefix="lr-gw-handler-"))
+    tmp = scratch_dir("lr-gw-handler-")
     config: dict[str, object] = {
         "listen": {"host": "127.0.0.1", "port": 1},
         "router": {"name": router},

@@ -60,11 +60,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _harness import free_port, measure, median_runs, start, stop, wait_ready
+from _harness import free_port, measure, median_runs, scratch_dir, start, stop, wait_ready
 
 SGLANG_VERSION = "0.3.2"
 CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "longroute"))
@@ -236,7 +235,7 @@ def main() -> None:
 
 
 def _run_all(args: argparse.Namespace) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="lr-gw-bench-"))
+    tmp = scratch_dir("lr-gw-bench-")
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, dict[str, dict[str, float]]] = {}
     try:

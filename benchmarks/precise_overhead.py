@@ -25,14 +25,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import zmq
 
-from _harness import free_port, measure, median_runs, start, stop, wait_ready
+from _harness import free_port, measure, median_runs, scratch_dir, start, stop, wait_ready
 from longroute.prefix.kv_events import AllBlocksCleared, KVEventBatch
 from longroute.prefix.kv_wire import encode_message
 
@@ -86,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = str(TINY_MODEL) if (TINY_MODEL / "tokenizer.json").is_file() else "emulator"
     print(f"tokenizer: {tokenizer}", flush=True)
-    tmp = Path(tempfile.mkdtemp(prefix="lr-precise-bench-"))
+    tmp = scratch_dir("lr-precise-bench-")
     procs = []
     context = zmq.Context()
     pub = context.socket(zmq.PUB)

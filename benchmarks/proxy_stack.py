@@ -56,13 +56,22 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _harness import LOAD_SCRIPT, MODES, free_port, measure, median_runs, start, stop, wait_ready
+from _harness import (
+    LOAD_SCRIPT,
+    MODES,
+    free_port,
+    measure,
+    median_runs,
+    scratch_dir,
+    start,
+    stop,
+    wait_ready,
+)
 
 if TYPE_CHECKING:
     import aiohttp
@@ -438,7 +447,7 @@ def _run_all(args: argparse.Namespace) -> None:
         "project": _versions(sys.executable, [*SHARED, "httptools", "longroute"]),
         "stack_venv": _versions(stack_python, [*SHARED, *STACK_PACKAGES]) if needs_venv else {},
     }
-    tmp = Path(tempfile.mkdtemp(prefix="lr-proxy-stack-"))
+    tmp = scratch_dir("lr-proxy-stack-")
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, dict[str, dict[str, float]]] = {}
     try:

@@ -31,12 +31,11 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import gateway_overhead as go
-from _harness import free_port, process_tree_cpu_s, start, stop, wait_ready
+from _harness import free_port, process_tree_cpu_s, scratch_dir, start, stop, wait_ready
 
 OPEN_LOOP = Path(__file__).resolve().parent / "_open_loop.py"
 WORKER_COUNTS = (1, 2)
@@ -90,7 +89,7 @@ def main() -> None:
     if args.rounds < 1 or args.seconds <= 0 or args.idle_s <= 0 or min(rates) < 1:
         parser.error("--rounds, --seconds, --idle-s and every rate must be positive")
     procs: list[subprocess.Popen[bytes]] = []
-    tmp = Path(tempfile.mkdtemp(prefix="lr-workers-"))
+    tmp = scratch_dir("lr-workers-")
     runs: dict[str, list[dict[str, float]]] = {}
     try:
         targets = _start_gateways(tmp, procs)
