@@ -327,7 +327,7 @@ def test_a_reload_switches_the_load_source_and_the_scrape_timing(
     tmp_path: Path, engines: tuple[FakeEngine, FakeEngine]
 ) -> None:
     from longroute.gateway import serve_gateway
-    from longroute.gateway.config import resolve_secrets
+    from longroute.gateway.secrets import resolve_secrets
 
     backends = [{"name": n, "url": e.url, "model": "m"} for n, e in zip("ab", engines, strict=True)]
     path = tmp_path / "gateway.yaml"

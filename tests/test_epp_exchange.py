@@ -29,7 +29,8 @@ from epp_messages import (
 from longroute.epp.exchange import Exchange, Phase, ProtocolError
 from longroute.epp.messages import DESTINATION_KEY, MAX_BODY_CHUNK_BYTES
 from longroute.epp.picker import EndpointPicker
-from longroute.gateway.config import GatewaySecrets, parse_gateway_config
+from longroute.gateway.config import parse_gateway_config
+from longroute.gateway.secrets import GatewaySecrets
 from longroute.headers import ENDPOINT_HEADER
 
 ADDRESSES = {"a": "127.0.0.1:8001", "b": "127.0.0.1:8002", "c": "127.0.0.1:8003"}

@@ -12,8 +12,9 @@ from contextlib import AsyncExitStack
 import aiohttp
 
 from longroute.epp.server import serve_epp
-from longroute.gateway.config import GatewaySecrets, parse_gateway_config
+from longroute.gateway.config import parse_gateway_config
 from longroute.gateway.http.types import Headers
+from longroute.gateway.secrets import GatewaySecrets
 from longroute.prefix.precise_index import PrecisePrefixIndex
 from test_gateway_kv_events import BLOCK, PROFILE, emulators, words
 

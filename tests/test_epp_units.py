@@ -22,7 +22,8 @@ from longroute.epp.envoy import epp_config
 from longroute.epp.picker import EndpointPicker, endpoint_address
 from longroute.epp.server import serve_epp
 from longroute.errors import ConfigError
-from longroute.gateway.config import GatewaySecrets, parse_gateway_config
+from longroute.gateway.config import parse_gateway_config
+from longroute.gateway.secrets import GatewaySecrets
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "envoy-epp.yaml"
 

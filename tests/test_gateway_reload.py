@@ -21,7 +21,8 @@ import yaml
 from aiohttp.test_utils import TestServer
 
 from longroute.gateway import Gateway, serve_gateway
-from longroute.gateway.config import load_gateway_config, resolve_secrets
+from longroute.gateway.config import load_gateway_config
+from longroute.gateway.secrets import resolve_secrets
 from test_gateway import MODEL, TEST_TIMEOUT_S, FakeBackend, Knobs, eventually, sse_events
 
 ADMIN_KEY = "admin-key-7c1e9a0b3d5f"

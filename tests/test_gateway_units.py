@@ -12,13 +12,14 @@ import pytest
 from longroute.clock import SimClock
 from longroute.config import ConfigError
 from longroute.gateway.admission import Admission, QueueFullError, QueueTimeoutError, best_scored
-from longroute.gateway.config import load_gateway_config, parse_gateway_config, resolve_secrets
+from longroute.gateway.config import load_gateway_config, parse_gateway_config
 from longroute.gateway.errors import GatewayError
 from longroute.gateway.granting_fleet import GrantingFleet
 from longroute.gateway.health import BreakerState, CircuitBreaker
 from longroute.gateway.parse import ROUTE_CHAT, ROUTE_COMPLETIONS, _chat_text, _messages, parse_body
 from longroute.gateway.prompt import chat_prompt_text, pseudo_token_ids, text_features
 from longroute.gateway.scrape import parse_engine_metrics
+from longroute.gateway.secrets import resolve_secrets
 from longroute.routing import ROUTERS
 from longroute.routing.fleet_view import FleetView, NoCandidateError
 from longroute.types import Endpoint, Request

@@ -119,7 +119,8 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 def _build(config: Path, num_fallbacks: int, response_bodies: str) -> EppServer:
     from longroute.errors import ConfigError
-    from longroute.gateway.config import load_gateway_config, resolve_secrets
+    from longroute.gateway.config import load_gateway_config
+    from longroute.gateway.secrets import resolve_secrets
     from longroute.registry import RegistryError
 
     try:

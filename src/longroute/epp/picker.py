@@ -28,7 +28,7 @@ from longroute.clock import WallClock
 from longroute.errors import ConfigError
 from longroute.gateway.admission import Admission, Grant
 from longroute.gateway.backends import Backend, build_backends
-from longroute.gateway.config import GatewayConfig, GatewaySecrets
+from longroute.gateway.config import GatewayConfig
 from longroute.gateway.errors import GatewayError, no_candidate_error, overloaded_error
 from longroute.gateway.health import HealthMonitor
 from longroute.gateway.http.types import Headers
@@ -36,6 +36,7 @@ from longroute.gateway.intake import RequestBuilder, authorize
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.parse import parse_body
 from longroute.gateway.priority import without_client_priority
+from longroute.gateway.secrets import GatewaySecrets
 from longroute.gateway.usage import parse_usage
 from longroute.gateway.wiring import (
     build_engine_truth,

@@ -32,9 +32,10 @@ from grpc_health.v1._async import HealthServicer
 from longroute.epp.envoy import DEFAULT_MAX_BODY_BYTES
 from longroute.epp.exchange import Exchange, Phase, ProtocolError, ResponseBodies
 from longroute.epp.picker import EndpointPicker
-from longroute.gateway.config import GatewayConfig, GatewaySecrets
+from longroute.gateway.config import GatewayConfig
 from longroute.gateway.http.server import HttpServer, ResponseStream
 from longroute.gateway.http.types import JSON_TYPE, HttpRequest, HttpResponse
+from longroute.gateway.secrets import GatewaySecrets
 
 log = logging.getLogger("longroute.epp")
 

@@ -13,13 +13,8 @@ from longroute._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from longroute.gateway.app import Gateway, RunningGateway, serve_gateway
-    from longroute.gateway.config import (
-        GatewayConfig,
-        GatewaySecrets,
-        load_gateway_config,
-        parse_gateway_config,
-        resolve_secrets,
-    )
+    from longroute.gateway.config import GatewayConfig, load_gateway_config, parse_gateway_config
+    from longroute.gateway.secrets import GatewaySecrets, resolve_secrets
 
 # imported on first use, so `longroute --help` does not pay for this package (PEP 562)
 _LAZY = {
@@ -27,10 +22,10 @@ _LAZY = {
     "RunningGateway": "longroute.gateway.app",
     "serve_gateway": "longroute.gateway.app",
     "GatewayConfig": "longroute.gateway.config",
-    "GatewaySecrets": "longroute.gateway.config",
+    "GatewaySecrets": "longroute.gateway.secrets",
     "load_gateway_config": "longroute.gateway.config",
     "parse_gateway_config": "longroute.gateway.config",
-    "resolve_secrets": "longroute.gateway.config",
+    "resolve_secrets": "longroute.gateway.secrets",
 }
 
 

@@ -32,7 +32,7 @@ from longroute.gateway.admin import AdminRoutes
 from longroute.gateway.admission import Admission
 from longroute.gateway.backends import Backend
 from longroute.gateway.completions import CompletionHandler, check_content_type
-from longroute.gateway.config import GatewayConfig, GatewaySecrets, resolve_secrets
+from longroute.gateway.config import GatewayConfig
 from longroute.gateway.errors import GatewayError, draining_error
 from longroute.gateway.granting_fleet import GrantingFleet
 from longroute.gateway.health import HealthMonitor
@@ -58,6 +58,7 @@ from longroute.gateway.reload import (
     describe_changes,
     prepare,
 )
+from longroute.gateway.secrets import GatewaySecrets, resolve_secrets
 from longroute.gateway.tuning import LiveTuning
 from longroute.gateway.wiring import (
     Wiring,

@@ -77,7 +77,8 @@ def serve_command(
 ) -> None:
     """Run the OpenAI-compatible gateway in front of the configured backends."""
     from longroute.gateway.app import Gateway
-    from longroute.gateway.config import load_gateway_config, resolve_secrets
+    from longroute.gateway.config import load_gateway_config
+    from longroute.gateway.secrets import resolve_secrets
     from longroute.gateway.workers import check_num_workers, check_wiring
 
     err = Console(stderr=True, soft_wrap=True)

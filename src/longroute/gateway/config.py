@@ -39,12 +39,10 @@ from longroute.gateway.config_sections import (
     ShutdownConfig,
     TuningConfig,
 )
-from longroute.gateway.secrets import MAX_KEY_FILE_BYTES, GatewaySecrets, resolve_secrets
 from longroute.routing.fleet_view import AUTO_MODEL
 
 __all__ = [
     "KIB_BYTES",
-    "MAX_KEY_FILE_BYTES",
     "MIB_BYTES",
     "AccessLogConfig",
     "AdmissionConfig",
@@ -53,7 +51,6 @@ __all__ = [
     "ConfigSection",
     "ContextReuseConfig",
     "GatewayConfig",
-    "GatewaySecrets",
     "HealthConfig",
     "HttpConfig",
     "KVEventsConfig",
@@ -65,7 +62,6 @@ __all__ = [
     "TuningConfig",
     "load_gateway_config",
     "parse_gateway_config",
-    "resolve_secrets",
 ]
 
 

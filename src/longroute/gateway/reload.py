@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from longroute.clock import WallClock
 from longroute.errors import ConfigError
-from longroute.gateway.config import GatewayConfig, load_gateway_config, resolve_secrets
+from longroute.gateway.config import GatewayConfig, load_gateway_config
 from longroute.gateway.metrics import GatewayMetrics
 from longroute.gateway.observe import RequestObserver
+from longroute.gateway.secrets import resolve_secrets
 from longroute.gateway.wiring import Wiring, monitors, scrape_timing
 from longroute.registry import RegistryError
 from longroute.routing.base import Router

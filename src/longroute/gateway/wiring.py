@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from longroute.clock import WallClock
 from longroute.errors import ConfigError
 from longroute.gateway.backends import Backend, build_backends
-from longroute.gateway.config import GatewayConfig, GatewaySecrets
+from longroute.gateway.config import GatewayConfig
 from longroute.gateway.context_reuse import ContextReuse
 from longroute.gateway.intake import RequestBuilder
 from longroute.gateway.metrics import GatewayMetrics
@@ -28,6 +28,7 @@ from longroute.gateway.priority import BackendPriorities
 from longroute.gateway.redact import Redactor
 from longroute.gateway.rtt_probe import RttProber
 from longroute.gateway.scrape import EngineScraper
+from longroute.gateway.secrets import GatewaySecrets
 from longroute.routing import ROUTERS
 from longroute.routing.base import Router
 from longroute.routing.fleet_view import FleetView, LoadSource

@@ -37,7 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from longroute.clock import WallClock
-from longroute.gateway.config import GatewayConfig, GatewaySecrets
+from longroute.gateway.config import GatewayConfig
+from longroute.gateway.secrets import GatewaySecrets
 
 log = logging.getLogger("longroute.gateway.workers")
 
