@@ -89,12 +89,11 @@ class _FakePool:
 
 
 async def _child(router: str, observed: bool, requests: int, rounds: int) -> list[float]:
-    from longroute.gateway.app import Gateway
-    from longroute.gateway.config import load_gateway_config
+    # the package's own exports: the same names in every tree --baseline-src may name
+    from longroute.gateway import Gateway, load_gateway_config, resolve_secrets
     from longroute.gateway.http.stream import ResponseStream
     from longroute.gateway.http.types import Headers, HttpRequest
     from longroute.gateway.http.wire import whole_response
-    from longroute.gateway.secrets import resolve_secrets
 
     tmp = scratch_dir("lr-gw-handler-")
     config: dict[str, object] = {
