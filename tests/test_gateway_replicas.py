@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from longroute.launcher import Child, Launcher, ProcessSpec, emulator_spec, gateway_spec
+from longroute.ports import reserved_ports
 
 MODEL = "llama-3-8b"
 BLOCK = 16
@@ -102,17 +102,12 @@ class Fleet:
     kv_ports: tuple[tuple[int, int], ...]  # (events, replay) per emulator
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with Launcher(tmp_path_factory.mktemp("replicas"), ready_timeout_s=60.0) as launcher:
-        ports = tuple((_free_port(), _free_port()) for _ in range(3))
+        # outside the ephemeral range: an emulator's HTTP port 0 cannot take one meanwhile
+        free = reserved_ports(6)
+        ports = tuple((free[2 * i], free[2 * i + 1]) for i in range(3))
         specs = []
         for i, (events, replay) in enumerate(ports):
             kv = (

@@ -8,12 +8,12 @@ fleets start together: all their emulators at once, then all their gateways.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from longroute.gateway.config import parse_gateway_config
 from longroute.launcher import Child, Launcher, ProcessSpec, emulator_spec, gateway_spec
+from longroute.ports import reserved_ports
 
 DEFAULT_PROFILE = "llama-3-8b"
 #: KV block size of emulators that publish KV events, and of the gateways' precise index.
@@ -113,13 +113,6 @@ class Fleet:
         raise KeyError(f"no replica {replica_name!r} in fleet {self.plan.prefix!r}; have {names}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True, slots=True)
 class KvPorts:
     """Where one emulator publishes its KV events (PUB) and answers replays (ROUTER)."""
@@ -128,9 +121,11 @@ class KvPorts:
     replay_port: int
 
     @classmethod
-    def pick(cls) -> KvPorts:
-        """Two ports free now (another process could take them before the emulator binds)."""
-        return cls(_free_port(), _free_port())
+    def pick(cls, count: int) -> list[KvPorts]:
+        """Ports for ``count`` emulators: free now, distinct, and outside the kernel's
+        ephemeral range, so no process starting meanwhile is handed one (``ports``)."""
+        ports = reserved_ports(2 * count)
+        return [cls(ports[2 * i], ports[2 * i + 1]) for i in range(count)]
 
     def emulator_args(self) -> tuple[str, ...]:
         """``longroute emulate`` options that publish on these ports (binding, as vLLM's ``*``)."""
@@ -203,8 +198,9 @@ def start_fleets(launcher: Launcher, plans: Sequence[FleetPlan]) -> tuple[Fleet,
     prefixes = [p.prefix for p in plans]
     if len(set(prefixes)) != len(prefixes):
         raise ValueError(f"fleet prefixes must be unique, got {', '.join(prefixes)}")
+    picked = iter(KvPorts.pick(sum(len(p.replicas) for p in plans if p.kv_events)))
     kv_ports = [
-        tuple(KvPorts.pick() for _ in plan.replicas) if plan.kv_events else () for plan in plans
+        tuple(next(picked) for _ in plan.replicas) if plan.kv_events else () for plan in plans
     ]
     specs = [
         emulator_spec(
