@@ -46,6 +46,7 @@ from longroute.gateway import GatewaySecrets, serve_gateway
 from longroute.gateway.app import RunningGateway
 from longroute.gateway.config import parse_gateway_config
 from longroute.headers import PREDICTED_CACHED_HEADER
+from longroute.ports import reserved_ports
 from longroute.prefix.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from longroute.prefix.kv_wire import decode_frames, decode_sequence
 from longroute.prefix.precise_index import PrecisePrefixIndex
@@ -90,8 +91,10 @@ class RestartableVllm:
 
     log_dir: Path
     port: int = field(default_factory=free_port)
-    events_port: int = field(default_factory=free_port)
-    replay_port: int = field(default_factory=free_port)
+    # bound by vLLM later, and again after each restart: outside the ephemeral range, so
+    # no process starting meanwhile is handed one (longroute.ports)
+    events_port: int = field(default_factory=lambda: reserved_ports(1)[0])
+    replay_port: int = field(default_factory=lambda: reserved_ports(1)[0])
     process: subprocess.Popen[bytes] | None = None
     num_starts: int = 0
 
