@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
 
 MODES = ("non-stream", "stream")
 LOAD_SCRIPT = Path(__file__).resolve().parent / "gateway_overhead.py"
@@ -25,10 +26,12 @@ LOAD_SCRIPT = Path(__file__).resolve().parent / "gateway_overhead.py"
 _failed = False
 
 
-def _note_failure(kind: type[BaseException], value: BaseException, tb: object) -> None:
+def _note_failure(
+    kind: type[BaseException], value: BaseException, tb: TracebackType | None
+) -> None:
     global _failed
     _failed = True
-    _excepthook(kind, value, tb)  # type: ignore[arg-type]
+    _excepthook(kind, value, tb)
 
 
 _excepthook = sys.excepthook

@@ -26,7 +26,10 @@ def test_a_port_in_use_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     # a range that leaves two ports outside it, 65534 and 65535; one is held
     monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST, 65533))
     with socket.socket() as held:
-        held.bind(("127.0.0.1", 65535))
+        try:
+            held.bind(("127.0.0.1", 65535))
+        except OSError:
+            pytest.skip("port 65535 is in use on this machine")
         for seed in range(20):
             assert reserved_ports(1, rng=random.Random(seed)) == [65534]
 

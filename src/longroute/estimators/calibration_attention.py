@@ -30,13 +30,12 @@ Deterministic; rounded like the other fits.
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from longroute.estimators.calibration import AttentionFit
-from longroute.estimators.calibration_fit import CalibrationDataError, _round
+from longroute.estimators.calibration_fit import CalibrationDataError, _round, _rows
 from longroute.estimators.calibration_own import HEAD_DIM, measured_dir
 
 CHUNK_FILES = ("attention_prefill.csv", "attention_long.csv", "attention_fa4.csv")
@@ -79,10 +78,8 @@ class AttentionPoint:
 
 
 def _read(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    """A table's rows (none where the GPU lacks that table; a broken one is an error)."""
+    return _rows(path) if path.is_file() else []
 
 
 def read_attention_points(
