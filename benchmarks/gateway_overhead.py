@@ -46,8 +46,19 @@ the median of the per-round ratios with a 95% bootstrap CI and the rounds won
 whose CI holds the goal's target is not resolved by the run, whichever side its median
 falls on.
 
+With ``--pool FILE ...`` nothing runs: the per-round ratios of earlier runs' JSON lines
+(each FILE that run's output; its last line is read) are pooled per goal and cell, and
+each cell is printed again as the median of all its rounds with a 95% bootstrap CI. Pool
+only runs of the same code on the same machine: rounds of one source are exchangeable,
+so more of them narrow the CI that one run leaves open. The last line is one JSON object:
+``pooled`` (goal -> cell -> ``median``, ``ci``, ``num_rounds``, ``won``, ``verdict``) and
+``goals``, each goal's value the worst cell's pooled median, ``met`` true when every
+cell's CI clears the target, false when one cell's CI lies wholly on the wrong side, and
+null when the pooled rounds still cannot tell.
+
     python benchmarks/gateway_overhead.py [--seconds 4] [--repeat 5] [--concurrency 32]
         [--workers 2 [--workers-only]] [--baseline-src DIR] [--floor]
+    python benchmarks/gateway_overhead.py --pool run1.out run2.out run3.out
 """
 
 from __future__ import annotations
@@ -220,6 +231,13 @@ def main() -> None:
         action="store_true",
         help="also a minimal pass-through proxy on the gateway's HTTP layer (no routing)",
     )
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="pool the per-round ratios of earlier runs' outputs (nothing runs)",
+    )
     parser.add_argument("--serve-backend", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="non-stream", help=argparse.SUPPRESS)
@@ -231,7 +249,57 @@ def main() -> None:
         res = asyncio.run(_load(args.load, args.concurrency, args.seconds, args.mode == "stream"))
         print(json.dumps(res))
         return
+    if args.pool:
+        _pool(args.pool)
+        return
     _run_all(args)
+
+
+def _pool(paths: list[Path]) -> None:
+    """Each goal's cells over the rounds of every run in ``paths``; see the module doc."""
+    from longroute.sweep.stats import median_estimate
+
+    rounds: dict[str, dict[str, list[float]]] = {}
+    for path in paths:
+        try:
+            last = path.read_text().strip().splitlines()[-1]
+            paired = json.loads(last)["paired"]
+        except (OSError, IndexError, ValueError, KeyError, TypeError) as exc:
+            sys.exit(f"{path}: not the output of a gateway_overhead.py run "
+                     f"(its last line must be the JSON with 'paired'): {exc!r}")  # fmt: skip
+        for goal, cells in paired.items():
+            for cell, figures in cells.items():
+                rounds.setdefault(goal, {}).setdefault(cell, []).extend(figures["rounds"])
+    pooled: dict[str, dict[str, dict[str, object]]] = {}
+    goals: dict[str, dict[str, object]] = {}
+    for goal, _field, is_higher_better, target in _PAIRED_GOALS:
+        verdicts, medians = [], []
+        for cell, ratios in rounds.get(goal, {}).items():
+            est = median_estimate(ratios)
+            low, high = est.ci if est.ci is not None else (est.median, est.median)
+            verdict = (
+                "unresolved" if low <= target <= high
+                else "met" if (est.median >= target) == is_higher_better
+                else "missed"
+            )  # fmt: skip
+            won = sum(1 for r in ratios if (r > 1.0) == is_higher_better and r != 1.0)
+            pooled.setdefault(goal, {})[cell] = {
+                "median": est.median, "ci": [low, high], "num_rounds": len(ratios),
+                "won": won, "verdict": verdict,
+            }  # fmt: skip
+            verdicts.append(verdict)
+            medians.append(est.median)
+            print(f"{goal} {cell}: {est.format()} over {len(ratios)} rounds of {len(paths)} "
+                  f"runs; target {target}: {verdict}")  # fmt: skip
+        if not verdicts:
+            continue
+        worst = min(medians) if is_higher_better else max(medians)
+        met = False if "missed" in verdicts else None if "unresolved" in verdicts else True
+        sign = ">=" if is_higher_better else "<="
+        goals[goal] = {"target": f"{sign} {target}x in every cell, pooled rounds",
+                       "value": worst, "met": met}  # fmt: skip
+    print(json.dumps({"benchmark": "gateway_overhead", "pooled_runs": [str(p) for p in paths],
+                      "pooled": pooled, "goals": goals}, sort_keys=True))  # fmt: skip
 
 
 def _run_all(args: argparse.Namespace) -> None:
