@@ -73,8 +73,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _harness import free_port, measure, median_runs, scratch_dir, start, stop, wait_ready
+
+if TYPE_CHECKING:
+    from longroute.sweep.stats import Estimate
 
 SGLANG_VERSION = "0.3.2"
 CACHE = Path(os.environ.get("LONGROUTE_ENGINE_CACHE", Path.home() / ".cache" / "longroute"))
@@ -276,12 +280,7 @@ def _pool(paths: list[Path]) -> None:
         verdicts, medians = [], []
         for cell, ratios in rounds.get(goal, {}).items():
             est = median_estimate(ratios)
-            low, high = est.ci if est.ci is not None else (est.median, est.median)
-            verdict = (
-                "unresolved" if low <= target <= high
-                else "met" if (est.median >= target) == is_higher_better
-                else "missed"
-            )  # fmt: skip
+            low, high, verdict = _verdict(est, target, is_higher_better)
             won = sum(1 for r in ratios if (r > 1.0) == is_higher_better and r != 1.0)
             pooled.setdefault(goal, {})[cell] = {
                 "median": est.median, "ci": [low, high], "num_rounds": len(ratios),
@@ -573,12 +572,7 @@ def _paired_by_round(
                 ratio = paired_ratio(values, base, is_lower_better=not is_higher_better)  # type: ignore[arg-type]
                 est = ratio.estimate
                 assert est.ci is not None or est.num_seeds < 2
-                low, high = est.ci if est.ci is not None else (est.median, est.median)
-                verdict = (
-                    "unresolved" if low <= target <= high
-                    else "met" if (est.median >= target) == is_higher_better
-                    else "missed"
-                )  # fmt: skip
+                low, high, verdict = _verdict(est, target, is_higher_better)
                 cell = f"{label.removeprefix('longroute ')} {mode}"
                 out.setdefault(goal, {})[cell] = {
                     "median": est.median, "ci": [low, high], "rounds": list(ratio.ratios),
@@ -589,6 +583,18 @@ def _paired_by_round(
                       f"{'above' if is_higher_better else 'below'} 1; target {target}: "
                       f"{verdict}")  # fmt: skip
     return out
+
+
+def _verdict(est: Estimate, target: float, is_higher_better: bool) -> tuple[float, float, str]:
+    """The CI's ends (the median twice without one) and the verdict: ``unresolved`` while
+    the CI holds ``target``, else ``met`` or ``missed`` by the median's side of it."""
+    low, high = est.ci if est.ci is not None else (est.median, est.median)
+    verdict = (
+        "unresolved" if low <= target <= high
+        else "met" if (est.median >= target) == is_higher_better
+        else "missed"
+    )  # fmt: skip
+    return low, high, verdict
 
 
 def _print_target(label: str, res: dict[str, dict[str, float]],
