@@ -267,13 +267,13 @@ def _pool(paths: list[Path]) -> None:
     for path in paths:
         try:
             last = path.read_text().strip().splitlines()[-1]
-            paired = json.loads(last)["paired"]
-        except (OSError, IndexError, ValueError, KeyError, TypeError) as exc:
+            for goal, cells in json.loads(last)["paired"].items():
+                for cell, figures in cells.items():
+                    ratios = [float(r) for r in figures["rounds"]]
+                    rounds.setdefault(goal, {}).setdefault(cell, []).extend(ratios)
+        except (OSError, IndexError, ValueError, KeyError, TypeError, AttributeError) as exc:
             sys.exit(f"{path}: not the output of a gateway_overhead.py run "
                      f"(its last line must be the JSON with 'paired'): {exc!r}")  # fmt: skip
-        for goal, cells in paired.items():
-            for cell, figures in cells.items():
-                rounds.setdefault(goal, {}).setdefault(cell, []).extend(figures["rounds"])
     pooled: dict[str, dict[str, dict[str, object]]] = {}
     goals: dict[str, dict[str, object]] = {}
     for goal, _field, is_higher_better, target in _PAIRED_GOALS:

@@ -93,6 +93,12 @@ def test_pool_judges_each_goal_over_the_rounds_of_every_run(
 def test_pool_refuses_a_file_that_is_not_a_runs_output(tmp_path: Path) -> None:
     overhead = load_benchmark("gateway_overhead.py")
     broken = tmp_path / "broken.out"
-    broken.write_text("a run that died before its JSON line\n")
-    with pytest.raises(SystemExit, match=r"broken\.out: not the output of a gateway_overhead"):
-        overhead._pool([broken])
+    texts = [
+        "a run that died before its JSON line\n",
+        json.dumps({"paired": {"observed_vs_plain": {"rr": {"median": 1.0}}}}),  # no rounds
+        json.dumps({"paired": {"observed_vs_plain": {"rr": {"rounds": ["x"]}}}}),
+    ]
+    for text in texts:
+        broken.write_text(text)
+        with pytest.raises(SystemExit, match=r"broken\.out: not the output of a gateway_overhead"):
+            overhead._pool([broken])
