@@ -15,12 +15,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from longroute.ports import reserved_ports
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -66,17 +67,6 @@ def _clone_like(root: Path) -> Path:
     return clone
 
 
-def _free_ports(count: int) -> list[str]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [str(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _swap_ports(text: str, ports: dict[str, str]) -> str:
     return re.sub(r"\b(" + "|".join(ports) + r")\b", lambda m: ports[m.group(1)], text)
 
@@ -91,7 +81,7 @@ def test_quickstart_is_between_markers_and_uses_only_the_repository() -> None:
 def test_readme_quickstart_runs_as_pasted_from_a_clone(tmp_path: Path) -> None:
     clone = _clone_like(tmp_path)
     assert not (tmp_path / "shared").exists()
-    ports = dict(zip(PORTS, _free_ports(len(PORTS)), strict=True))
+    ports = dict(zip(PORTS, map(str, reserved_ports(len(PORTS))), strict=True))
     script = _swap_ports(quickstart_script(README.read_text(encoding="utf-8")), ports)
     config = clone / "examples" / "local-fleet.yaml"
     config.write_text(_swap_ports(config.read_text(encoding="utf-8"), ports), encoding="utf-8")
