@@ -67,6 +67,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -270,6 +271,8 @@ def _pool(paths: list[Path]) -> None:
             for goal, cells in json.loads(last)["paired"].items():
                 for cell, figures in cells.items():
                     ratios = [float(r) for r in figures["rounds"]]
+                    if not all(math.isfinite(r) and r > 0 for r in ratios):
+                        raise ValueError(f"{goal} {cell}: a round's ratio is not a positive number")
                     rounds.setdefault(goal, {}).setdefault(cell, []).extend(ratios)
         except (OSError, IndexError, ValueError, KeyError, TypeError, AttributeError) as exc:
             sys.exit(f"{path}: not the output of a gateway_overhead.py run "

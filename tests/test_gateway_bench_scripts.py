@@ -97,6 +97,7 @@ def test_pool_refuses_a_file_that_is_not_a_runs_output(tmp_path: Path) -> None:
         "a run that died before its JSON line\n",
         json.dumps({"paired": {"observed_vs_plain": {"rr": {"median": 1.0}}}}),  # no rounds
         json.dumps({"paired": {"observed_vs_plain": {"rr": {"rounds": ["x"]}}}}),
+        '{"paired": {"observed_vs_plain": {"rr": {"rounds": [1.0, NaN]}}}}',
     ]
     for text in texts:
         broken.write_text(text)
